@@ -1,0 +1,35 @@
+"""adaptrack: constrained decoding that does not distort the model's intent.
+
+>>> import adaptrack as at
+>>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
+>>> c = at.constraints.choice(["b", "ab"])
+>>> at.generate(lm, [], c, method="cd", temperature=0).texts  # "a" first: P(ab) = .024
+['ab']
+>>> at.generate(lm, [], c, method="exact", temperature=0).texts  # the best valid: P(b) = .04
+['b']
+"""
+
+from . import constraints, metrics
+from .errors import AdaptrackError, ModelOutputError, NoValidSequenceError, TreeLimitError
+from .generate import METHODS, GenerationResult, Sample, exact_distribution, generate
+from .lm import LanguageModel, TableLM
+from .tokenization.vocab import Vocabulary
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "METHODS",
+    "AdaptrackError",
+    "GenerationResult",
+    "LanguageModel",
+    "ModelOutputError",
+    "NoValidSequenceError",
+    "Sample",
+    "TableLM",
+    "TreeLimitError",
+    "Vocabulary",
+    "constraints",
+    "exact_distribution",
+    "generate",
+    "metrics",
+]

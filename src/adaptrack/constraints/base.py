@@ -1,0 +1,127 @@
+"""The constraint interface.
+
+A :class:`Constraint` describes a language independently of any model; ``bind(vocab)``
+gives a :class:`Matcher` that works on that model's token ids. Matcher states are
+immutable values stored in the prefix tree, so moving between branches costs nothing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable
+
+import numpy as np
+
+from ..tokenization.vocab import Vocabulary
+
+State = Hashable
+
+
+class _Done:
+    """The state after the sequence finished (EOS, or a token holding a terminator)."""
+
+    def __repr__(self) -> str:
+        return "DONE"
+
+
+DONE: State = _Done()
+
+
+def terminator_bytes(terminators: str | bytes | Iterable[str] | None) -> bytes:
+    """Normalize a terminator spec ("(", b"(\\n", ["(", " "]) to a sorted byte string."""
+    if terminators is None:
+        return b""
+    if isinstance(terminators, str):
+        data = terminators.encode()
+    elif isinstance(terminators, bytes):
+        data = terminators
+    else:
+        data = b"".join(t.encode() if isinstance(t, str) else bytes(t) for t in terminators)
+    return bytes(sorted(set(data)))
+
+
+class Matcher(ABC):
+    """A constraint bound to a vocabulary.
+
+    ``allowed(state)`` lists the valid next tokens (EOS included where the text so far is
+    accepted), ``finishing(state)`` the subset that completes the sequence, and
+    ``advance(state, token)`` returns the next state, ``None`` for an invalid token (that is
+    the lazy per-token check) or :data:`DONE` once the sequence is complete.
+    """
+
+    vocab: Vocabulary
+    #: Bytes that end a sequence where the text is accepted; the text after the first one in
+    #: the last token is cut off. Empty: sequences end with EOS.
+    terminators: bytes = b""
+
+    @abstractmethod
+    def start(self) -> State: ...
+
+    @abstractmethod
+    def allowed(self, state: State) -> np.ndarray:
+        """Sorted ids of the valid next tokens."""
+
+    @abstractmethod
+    def finishing(self, state: State) -> np.ndarray:
+        """Sorted ids of the valid next tokens that complete the sequence."""
+
+    @abstractmethod
+    def advance(self, state: State, token: int) -> State | None: ...
+
+    def is_complete(self, state: State) -> bool:
+        return state is DONE
+
+    def forced_bytes(self, state: State) -> bytes:
+        """Bytes every valid continuation starts with (fast-forward uses them)."""
+        return b""
+
+    def accepts(self, tokens: Iterable[int]) -> bool:
+        """Whether ``tokens`` form a complete, valid sequence (a check for any method's output)."""
+        state = self.start()
+        for tok in tokens:
+            if state is None or state is DONE:
+                return False
+            state = self.advance(state, tok)
+        return state is DONE
+
+
+class Constraint(ABC):
+    """A language of byte strings, independent of any model."""
+
+    @abstractmethod
+    def bind(self, vocab: Vocabulary) -> Matcher: ...
+
+
+class Anything(Constraint):
+    """No constraint: every token is valid. Sequences end with EOS or a terminator byte."""
+
+    def __init__(self, terminators: str | bytes | Iterable[str] | None = None) -> None:
+        self.terminators = terminator_bytes(terminators)
+
+    def bind(self, vocab: Vocabulary) -> Matcher:
+        return _AnythingMatcher(vocab, self.terminators)
+
+
+class _AnythingMatcher(Matcher):
+    def __init__(self, vocab: Vocabulary, terminators: bytes) -> None:
+        self.vocab, self.terminators = vocab, terminators
+        ends = [
+            i for i in vocab.text_ids.tolist() if any(b in terminators for b in vocab.bytes_of(i))
+        ]
+        self._ending = frozenset(ends)
+        self._allowed = np.union1d(vocab.text_ids, vocab.eos_ids)
+        self._finishing = np.union1d(np.asarray(ends, dtype=np.int64), vocab.eos_ids)
+
+    def start(self) -> State:
+        return 0
+
+    def allowed(self, state: State) -> np.ndarray:
+        return self._allowed
+
+    def finishing(self, state: State) -> np.ndarray:
+        return self._finishing
+
+    def advance(self, state: State, token: int) -> State | None:
+        if self.vocab.is_eos(token) or token in self._ending:
+            return DONE
+        return 0 if self.vocab.bytes_of(token) else None

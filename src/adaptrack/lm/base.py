@@ -1,0 +1,44 @@
+"""The model interface every backend implements: token bytes, EOS ids, batched log-probs."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import ModelOutputError
+from ..tokenization.vocab import Vocabulary
+
+Prefix = tuple[int, ...]
+
+
+class LanguageModel(ABC):
+    """A next-token model over a byte-level vocabulary.
+
+    Subclasses implement :meth:`_next_logprobs` and :meth:`encode`; callers use
+    :meth:`next_logprobs`, which checks shapes and counts every prefix evaluated in
+    ``calls`` (the samplers' ``lm_calls`` stat counts distinct prefixes per ``generate``).
+    """
+
+    vocab: Vocabulary
+    calls: int = 0
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt string."""
+
+    @abstractmethod
+    def _next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        """Next-token log-probabilities, shape ``(len(prefixes), vocab.size)``."""
+
+    def next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        """Normalized next-token log-probs for each full prefix (prompt ids included)."""
+        out = np.asarray(self._next_logprobs(prefixes), dtype=np.float64)
+        if out.shape != (len(prefixes), self.vocab.size):
+            raise ModelOutputError(
+                f"{type(self).__name__} returned scores of shape {out.shape}, expected "
+                f"({len(prefixes)}, {self.vocab.size})"
+            )
+        self.calls += len(prefixes)
+        return out

@@ -1,0 +1,71 @@
+"""TableLM: an exact small model given by a Python function, for tests and toy problems."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import ModelOutputError
+from ..tokenization.vocab import Vocabulary
+from .base import LanguageModel, Prefix
+
+
+class TableLM(LanguageModel):
+    """A model whose next-token distribution is ``next_probs(prefix_ids)``.
+
+    ``vocab`` lists each token's bytes (``str`` is UTF-8 encoded); the entries at the ``eos``
+    ids are special and never matched as text. ``next_probs`` receives the full prefix
+    (prompt ids included) and returns one non-negative weight per token; weights are
+    normalized, so they need not sum to 1.
+
+    >>> lm = TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> lm.encode("10")
+    [1, 0]
+    >>> [round(float(p), 3) for p in np.exp(lm.next_logprobs([(1, 0)])[0])]
+    [0.333, 0.333, 0.333]
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[bytes | str],
+        next_probs: Callable[[Prefix], Sequence[float]],
+        eos: int | Iterable[int] | None = None,
+    ) -> None:
+        eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        token_bytes: list[bytes | None] = [
+            None if i in eos_ids else (t.encode() if isinstance(t, str) else bytes(t))
+            for i, t in enumerate(vocab)
+        ]
+        self.vocab = Vocabulary(token_bytes, eos_ids)
+        self.next_probs = next_probs
+        self.calls = 0
+
+    def encode(self, text: str) -> list[int]:
+        """Greedy longest-match tokenization of ``text`` (special tokens never match)."""
+        data, ids, pos = text.encode(), [], 0
+        trie = self.vocab.trie
+        while pos < len(data):
+            node, best, i = 0, None, pos
+            while i < len(data) and (node := trie.children[node].get(data[i])) is not None:
+                i += 1
+                if len(trie.ends[node]):
+                    best = (int(trie.ends[node][0]), i)
+            if best is None:
+                raise ValueError(f"TableLM cannot encode {data[pos:]!r}: no token starts there")
+            ids.append(best[0])
+            pos = best[1]
+        return ids
+
+    def _next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        out = np.empty((len(prefixes), self.vocab.size))
+        for row, prefix in enumerate(prefixes):
+            w = np.asarray(self.next_probs(tuple(prefix)), dtype=np.float64)
+            if w.shape != (self.vocab.size,) or not np.all(w >= 0) or not w.sum() > 0:
+                raise ModelOutputError(
+                    f"next_probs({tuple(prefix)}) must return {self.vocab.size} non-negative "
+                    f"weights with a positive sum; got {w.tolist()[:8]}"
+                )
+            with np.errstate(divide="ignore"):
+                out[row] = np.log(w / w.sum())
+        return out

@@ -1,0 +1,85 @@
+"""AdapTrack, Algorithm 2 of the paper, as stated.
+
+N[x] holds the next token sampled after prefix x. Each round collects the sequence N
+spells (Algorithm 1); if it is complete it is returned (lines 6-7), otherwise the new
+prefix s is opened, N[s] ~ P_Q(· | s) (line 9), Q is updated (line 10), and every earlier
+prefix x keeps N[x] with probability P_Q'(n|x) / P_Q(n|x) or backtracks to a token drawn
+from P_Q(· | x) without n (lines 11-19, formula 4).
+
+With fresh Q per sample (the default) the result is close to, not exactly, the target
+distribution (design.md §3); ``share_q`` keeps Q across the samples of a prompt.
+``max_backtrack`` and ``min_backtrack_prob`` are the paper's §7.2.2 limits (not exact); a
+prefix whose continuation is dead is always left, whatever the limits.
+With ``temperature=0``, N[x] is the argmax of P_Q(· | x), re-chosen after each update.
+"""
+
+from __future__ import annotations
+
+from .base import Method
+from .draw import argmax, draw
+from .tree import Node, QTable
+
+
+class AdapTrack(Method):
+    def __init__(
+        self,
+        *args,
+        share_q: bool = False,
+        max_backtrack: int | None = None,
+        min_backtrack_prob: float = 0.0,
+        **kwargs,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.share_q = share_q
+        self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
+        self.Q = QTable(self.tree)
+
+    def _choose(self, x: Node, exclude: Node | None = None) -> int:
+        """A token from P_Q(· | x), or from formula 4 when ``exclude`` is the old N[x]'s node."""
+        w = self.Q.weights(x)
+        j = None if exclude is None else exclude.slot
+        i = argmax(w, j) if self.greedy else draw(w, self.rng, j)
+        return int(x.expansion.ids[i])
+
+    def sample(self) -> Node:
+        if not self.share_q:
+            self.Q = QTable(self.tree)  # line 2: Q ← ∅
+        Q, root = self.Q, self.tree.root
+        N: dict[Node, int] = {}  # line 3: N ← ∅
+        while True:
+            path = [root]  # line 5, Algorithm 1: follow N from the empty prefix
+            while path[-1] in N:
+                path.append(self.tree.child(path[-1], N[path[-1]]))
+            s = path[-1]
+            if s.complete:
+                return s  # lines 6-7
+            before = [Q.prob(child) for child in path[1:]]  # P_Q(n|x), line 13
+            Q.open(s)  # line 10 (opening s is what changes Q)
+            self.use(s)
+            if Q.q(root) == 0:
+                raise self.empty_language()
+            if Q.q(s) > 0:
+                N[s] = self._choose(s)  # line 9
+            for depth in range(len(path) - 2, -1, -1):  # line 11, longest prefix first
+                x, n, p = path[depth], path[depth + 1], before[depth]  # line 12: n = N[x]
+                if Q.q(x) == 0:
+                    continue  # x is dead itself; its parent leaves it
+                p_new = Q.prob(n)  # line 14
+                if self.greedy:
+                    if p_new < p and self._may_backtrack(x, s, p, p_new):
+                        best = self._choose(x)
+                        self.backtracks += best != n.token
+                        N[x] = best
+                    continue
+                if p_new >= p or not self._may_backtrack(x, s, p, p_new):
+                    continue
+                if self.rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
+                    N[x] = self._choose(x, exclude=n)  # line 17, formula 4
+                    self.backtracks += 1
+
+    def _may_backtrack(self, x: Node, s: Node, p: float, p_new: float) -> bool:
+        if p_new == 0:
+            return True  # N[x] leads only to invalid sequences: leaving is not optional
+        if self.max_backtrack is not None and s.depth - x.depth > self.max_backtrack:
+            return False
+        return 1 - p_new / p >= self.min_backtrack_prob

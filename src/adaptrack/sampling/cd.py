@@ -1,0 +1,27 @@
+"""Greedy constrained decoding (paper §3.2): mask invalid tokens, renormalize, never look back.
+
+P_con(s_i | s_<i) ∝ P(s_i | s_<i) · 1[s_i ∈ C(s_<i)]. It never fails on a constraint with no
+dead ends; when it walks into one (a prefix that cannot finish within max_new_tokens) it
+returns that prefix as an incomplete sample, as design.md §2 specifies.
+"""
+
+from __future__ import annotations
+
+from .base import Method
+from .draw import argmax, draw
+from .tree import Node
+
+
+class ConstrainedDecoding(Method):
+    def sample(self) -> Node:
+        node = self.tree.root
+        while not node.complete:
+            exp = self.tree.expand(node)
+            self.use(node)
+            if len(exp.ids) == 0:
+                if node is self.tree.root:
+                    raise self.empty_language()
+                return node  # a dead end: incomplete, marked as such
+            i = argmax(exp.p) if self.greedy else draw(exp.p, self.rng)
+            node = self.tree.child(node, int(exp.ids[i]))
+        return node

@@ -1,0 +1,30 @@
+"""Drawing one token index from unnormalized weights, with the seeded generator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def draw(weights: np.ndarray, rng: np.random.Generator, exclude: int | None = None) -> int:
+    """An index i with probability weights[i] / Σ weights (``exclude`` gets weight 0).
+
+    At least one weight must be positive. Zero weights are never returned.
+    """
+    if exclude is not None:
+        weights = weights.copy()
+        weights[exclude] = 0.0
+    cdf = np.cumsum(weights)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    # Rounding can land on the end or on a zero-weight entry; step back to a positive one.
+    i = min(i, len(weights) - 1)
+    while weights[i] <= 0:
+        i -= 1
+    return i
+
+
+def argmax(weights: np.ndarray, exclude: int | None = None) -> int:
+    """The index of the largest weight (the lowest index among ties)."""
+    if exclude is not None:
+        weights = weights.copy()
+        weights[exclude] = -1.0
+    return int(np.argmax(weights))

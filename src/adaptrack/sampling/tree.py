@@ -1,0 +1,239 @@
+"""The prefix tree shared by every method, and the Q table of the AdapTrack paper.
+
+:class:`PrefixTree` caches, per prefix, what the model and the constraint say about the
+next token (:class:`Expansion`); each prefix is evaluated by the model once per
+``generate`` call, whatever the method and however many samples (``lm_calls``).
+
+:class:`QTable` holds Q[x], the estimate of P(c | x) (paper formula 2), for the prefixes one
+run has opened, and keeps it consistent as prefixes open (§7.2.1). Methods that share Q
+across samples keep one table; AdapTrack with fresh state makes one per sample.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..constraints.base import Matcher, State
+from ..errors import TreeLimitError
+from ..lm.base import LanguageModel
+
+
+class Node:
+    """One prefix: the tokens after the prompt, the constraint state after them."""
+
+    __slots__ = ("children", "complete", "depth", "expansion", "logprob", "parent", "slot",
+                 "state", "token", "tokens")
+
+    def __init__(
+        self, parent: Node | None, token: int | None, state: State, complete: bool,
+        logprob: float,
+    ) -> None:
+        self.parent, self.token, self.state, self.complete = parent, token, state, complete
+        self.tokens: tuple[int, ...] = () if parent is None else (*parent.tokens, token)
+        self.depth = len(self.tokens)
+        self.logprob = logprob  # log P(tokens | prompt) under the sampling model
+        self.children: dict[int, Node] = {}
+        self.expansion: Expansion | None = None
+        self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``; -1 if not valid
+
+
+class Expansion:
+    """The next-token facts of one prefix, computed once.
+
+    ``probs``: the model's next-token distribution (at the sampling temperature);
+    ``ids``: the valid next tokens with positive probability, sorted (constraint, the
+    validity-aware top-p cutoff and the length limit all applied); ``p``: their probs.
+    """
+
+    __slots__ = ("ids", "p", "probs")
+
+    def __init__(self, probs: np.ndarray, ids: np.ndarray) -> None:
+        self.probs = probs
+        self.ids = ids[probs[ids] > 0]
+        self.p = probs[self.ids]
+
+    def index(self, token: int) -> int:
+        """Position of a valid ``token`` in ``ids``."""
+        return int(np.searchsorted(self.ids, token))
+
+    def is_valid(self, token: int) -> bool:
+        i = int(np.searchsorted(self.ids, token))
+        return i < len(self.ids) and int(self.ids[i]) == token
+
+
+def nucleus(probs: np.ndarray, valid: np.ndarray, top_p: float) -> np.ndarray:
+    """Validity-aware top-p (paper §6.3, design.md §2).
+
+    Scan tokens from the most probable down; once known-valid mass / (known-valid mass +
+    unchecked mass) exceeds ``top_p``, the rest counts as invalid. Without a constraint
+    (every token valid) the ratio is the cumulative mass: ordinary nucleus sampling.
+    """
+    order = np.argsort(-probs, kind="stable")
+    is_valid = np.zeros(len(probs), dtype=bool)
+    is_valid[valid] = True
+    is_valid = is_valid[order]
+    ranked = probs[order]
+    known_valid = np.cumsum(np.where(is_valid, ranked, 0.0))
+    unchecked = np.clip(1.0 - np.cumsum(ranked), 0.0, None)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = known_valid / (known_valid + unchecked)
+    over = np.flatnonzero(ratio > top_p)
+    stop = over[0] + 1 if len(over) else len(order)
+    return np.sort(order[:stop][is_valid[:stop]])
+
+
+class PrefixTree:
+    """Prefixes of one prompt under one constraint, with the model's outputs cached.
+
+    ``temperature`` 0 keeps the model's own distribution (T = 1) in the tree: greedy
+    methods take argmaxes of it. ``restrict_length`` makes ``max_new_tokens`` part of the
+    constraint (at the last position only finishing tokens are valid); unconstrained
+    decoding turns it off and simply stops there.
+    """
+
+    def __init__(
+        self,
+        lm: LanguageModel,
+        prompt: list[int],
+        matcher: Matcher,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 64,
+        max_nodes: int = 100_000,
+        restrict_length: bool = True,
+    ) -> None:
+        self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
+        self.temperature, self.top_p = temperature, top_p
+        self.max_new_tokens, self.max_nodes = max_new_tokens, max_nodes
+        self.restrict_length = restrict_length
+        start = matcher.start()
+        self.root = Node(None, None, start, matcher.is_complete(start), 0.0)
+        self.num_nodes = 1
+        self.lm_calls = 0
+
+    def expand(self, node: Node) -> Expansion:
+        """The node's next-token facts, calling the model if this prefix is new."""
+        if node.expansion is None:
+            self.expand_many([node])
+        return node.expansion  # type: ignore[return-value]
+
+    def expand_many(self, nodes: list[Node]) -> None:
+        """Expand several prefixes with one batched model call."""
+        todo = [n for n in nodes if n.expansion is None]
+        if not todo:
+            return
+        logprobs = self.lm.next_logprobs([self.prompt + n.tokens for n in todo])
+        self.lm_calls += len(todo)
+        for node, row in zip(todo, logprobs, strict=True):
+            node.expansion = self._facts(node, row)
+
+    def _facts(self, node: Node, logprobs: np.ndarray) -> Expansion:
+        t = self.temperature if self.temperature > 0 else 1.0
+        z = logprobs / t
+        z = z - z.max()
+        probs = np.exp(z)
+        probs /= probs.sum()
+        last = self.restrict_length and node.depth == self.max_new_tokens - 1
+        if node.depth >= self.max_new_tokens:
+            valid = np.empty(0, dtype=np.int64)
+        elif last:
+            valid = self.matcher.finishing(node.state)
+        else:
+            valid = self.matcher.allowed(node.state)
+        if self.top_p < 1.0 and len(valid):
+            valid = nucleus(probs, valid, self.top_p)
+        return Expansion(probs, valid)
+
+    def child(self, node: Node, token: int) -> Node:
+        """The prefix ``node + [token]``; ``token`` must be valid (or unconstrained)."""
+        found = node.children.get(token)
+        if found is not None:
+            return found
+        if self.num_nodes >= self.max_nodes:
+            raise TreeLimitError(
+                f"the prefix tree reached max_nodes={self.max_nodes}; raise max_nodes or "
+                "lower max_new_tokens"
+            )
+        state = self.matcher.advance(node.state, token)
+        if state is None:
+            raise ValueError(f"token {token} is not valid after {node.tokens}")
+        exp = self.expand(node)
+        child = Node(node, token, state, self.matcher.is_complete(state),
+                     node.logprob + math.log(exp.probs[token]))
+        if exp.is_valid(token):
+            child.slot = exp.index(token)
+        node.children[token] = child
+        self.num_nodes += 1
+        return child
+
+
+class QTable:
+    """Q[x] ≈ P(c | x) for the prefixes a run has opened (paper formula 2).
+
+    A prefix is *new* until opened: then Q[x] = c(x), which is 1 for every node in the tree
+    (invalid prefixes never become nodes). Opening x replaces 1 by the valid mass below it,
+    Q[x] = Σ_u P(u|x) Q[x::u], and every ancestor s of x changes by P(x'|s) times the same
+    amount (§7.2.1: Q[s] ← Q[s] − P(x'|s)(1 − q)). Per opened node the table keeps the
+    weights w[u] = P(u|x) Q[x::u] over the valid tokens, so P_Q(u|x) = w[u] / Q[x]
+    (formula 3), and a count of children with Q > 0 so that dead branches reach exactly 0.
+    """
+
+    def __init__(self, tree: PrefixTree) -> None:
+        self.tree = tree
+        self._w: dict[int, np.ndarray] = {}
+        self._q: dict[int, float] = {}
+        self._alive: dict[int, int] = {}
+
+    def is_open(self, node: Node) -> bool:
+        return id(node) in self._q
+
+    def q(self, node: Node) -> float:
+        """Q[node]; 1 for a prefix this run has not opened (complete ones included)."""
+        return self._q.get(id(node), 1.0)
+
+    def weights(self, node: Node) -> np.ndarray:
+        """w[u] = P(u|node) Q[node::u] over ``expansion.ids`` (node must be open)."""
+        return self._w[id(node)]
+
+    def prob(self, child: Node) -> float:
+        """P_Q(child.token | child.parent), formula 3."""
+        key = id(child.parent)
+        q = self._q[key]
+        return self._w[key][child.slot] / q if q > 0 else 0.0
+
+    def open(self, node: Node) -> None:
+        """Mark ``node`` old: Q[node] becomes its valid mass and ancestors follow (formula 2)."""
+        if self.is_open(node):
+            return
+        exp = self.tree.expand(node)
+        key = id(node)
+        self._w[key] = exp.p.copy()
+        self._alive[key] = len(exp.p)
+        self._q[key] = float(exp.p.sum()) if len(exp.p) else 0.0
+        self._propagate(node, 1.0)
+
+    def _propagate(self, node: Node, old_q: float) -> None:
+        # §7.2.1: walk up once; each parent's weight for the path token becomes
+        # P(token|parent) · Q[child], and its Q moves by the same difference.
+        new_q = self._q[id(node)]
+        while node.parent is not None and new_q != old_q:
+            parent = node.parent
+            key = id(parent)
+            w = self._w[key]
+            i = node.slot
+            before = w[i]
+            w[i] = parent.expansion.p[i] * new_q if new_q > 0 else 0.0
+            old_q = self._q[key]
+            if new_q == 0 and before > 0:
+                self._alive[key] -= 1
+            # An exact 0 once every child is dead, so emptiness is detected, never approximated.
+            if self._alive[key] == 0:
+                self._q[key] = 0.0
+            else:
+                q = old_q + (w[i] - before)
+                # The running sum can drift below the true tiny mass; re-add when that matters.
+                self._q[key] = q if q > 1e-9 else float(w.sum())
+            node, new_q = parent, self._q[key]

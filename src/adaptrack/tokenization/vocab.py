@@ -1,0 +1,112 @@
+"""The vocabulary as constraints see it: the bytes of every token, and a trie over them.
+
+Constraints never call a tokenizer: they walk token bytes. Special tokens (``None`` bytes)
+are never matched by a constraint; EOS is allowed only where the constraint accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+
+import numpy as np
+
+
+class TokenTrie:
+    """A byte trie over all non-special tokens.
+
+    Node 0 is the root. ``children[n]`` maps a byte to a child node, ``ends[n]`` holds the ids
+    of tokens whose bytes end at ``n``, and the tokens below ``n`` (inclusive) are
+    ``order[span[n][0]:span[n][1]]``: a depth-first numbering makes every subtree one
+    contiguous slice, so "all tokens that start with these bytes" is an array slice.
+    """
+
+    def __init__(self, token_bytes: Sequence[bytes | None]) -> None:
+        self.children: list[dict[int, int]] = [{}]
+        ends: list[list[int]] = [[]]
+        for tok, data in enumerate(token_bytes):
+            if not data:
+                continue
+            node = 0
+            for b in data:
+                nxt = self.children[node].get(b)
+                if nxt is None:
+                    nxt = len(self.children)
+                    self.children[node][b] = nxt
+                    self.children.append({})
+                    ends.append([])
+                node = nxt
+            ends[node].append(tok)
+        self.ends = [np.asarray(e, dtype=np.int64) for e in ends]
+        order: list[int] = []
+        self.span = [(0, 0)] * len(self.children)
+        # Iterative DFS: (node, entering?) so the exit can close the node's span.
+        stack: list[tuple[int, bool]] = [(0, True)]
+        starts = [0] * len(self.children)
+        while stack:
+            node, entering = stack.pop()
+            if entering:
+                starts[node] = len(order)
+                order.extend(ends[node])
+                stack.append((node, False))
+                stack.extend((c, True) for c in self.children[node].values())
+            else:
+                self.span[node] = (starts[node], len(order))
+        self.order = np.asarray(order, dtype=np.int64)
+
+    def subtree(self, node: int) -> np.ndarray:
+        """Ids of all tokens whose bytes start with the path to ``node``."""
+        lo, hi = self.span[node]
+        return self.order[lo:hi]
+
+
+class Vocabulary:
+    """Token byte values and EOS ids of a model.
+
+    ``size`` is the width of the model's next-token scores; it may exceed
+    ``len(token_bytes)`` (padded embedding matrices), and ids past the tokenizer are special.
+
+    >>> v = Vocabulary([b"a", b"ab", None], eos_ids=[2])
+    >>> v.size, v.decode([1, 0, 2])
+    (3, b'aba')
+    """
+
+    def __init__(
+        self,
+        token_bytes: Sequence[bytes | None],
+        eos_ids: Iterable[int] = (),
+        size: int | None = None,
+    ) -> None:
+        self.token_bytes: tuple[bytes | None, ...] = tuple(token_bytes)
+        self.size = len(self.token_bytes) if size is None else int(size)
+        if self.size < len(self.token_bytes):
+            raise ValueError(
+                f"vocabulary size {self.size} is smaller than the {len(self.token_bytes)} "
+                "token byte values given"
+            )
+        self.eos_ids = np.asarray(sorted(set(int(e) for e in eos_ids)), dtype=np.int64)
+        for e in self.eos_ids:
+            if not 0 <= e < self.size:
+                raise ValueError(f"EOS id {e} is outside the vocabulary (size {self.size})")
+        self._eos_set = frozenset(self.eos_ids.tolist())
+
+    def is_eos(self, token: int) -> bool:
+        return token in self._eos_set
+
+    def bytes_of(self, token: int) -> bytes:
+        """The token's bytes; special tokens and ids past the tokenizer give ``b""``."""
+        if token < len(self.token_bytes):
+            return self.token_bytes[token] or b""
+        return b""
+
+    def decode(self, tokens: Iterable[int]) -> bytes:
+        return b"".join(self.bytes_of(t) for t in tokens)
+
+    @cached_property
+    def trie(self) -> TokenTrie:
+        return TokenTrie(self.token_bytes)
+
+    @cached_property
+    def text_ids(self) -> np.ndarray:
+        """Ids of all tokens with bytes (what an unconstrained step may emit besides EOS)."""
+        return np.asarray([i for i, b in enumerate(self.token_bytes) if b], dtype=np.int64)
