@@ -106,11 +106,18 @@ class _AnythingMatcher(Matcher):
     def __init__(self, vocab: Vocabulary, terminators: bytes) -> None:
         self.vocab, self.terminators = vocab, terminators
         ends = [
-            i for i in vocab.text_ids.tolist() if any(b in terminators for b in vocab.bytes_of(i))
-        ]
+            i for i in vocab.text_ids.tolist()
+            if any(vocab.bytes_of(i).find(t) >= 0 for t in terminators)
+        ] if terminators else []
         self._ending = frozenset(ends)
-        self._allowed = np.union1d(vocab.text_ids, vocab.eos_ids)
-        self._finishing = np.union1d(np.asarray(ends, dtype=np.int64), vocab.eos_ids)
+        allowed = np.zeros(vocab.size, dtype=bool)
+        allowed[vocab.text_ids] = True
+        allowed[vocab.eos_ids] = True
+        self._allowed = np.flatnonzero(allowed)
+        finishing = np.zeros(vocab.size, dtype=bool)
+        finishing[ends] = True
+        finishing[vocab.eos_ids] = True
+        self._finishing = np.flatnonzero(finishing)
 
     def start(self) -> State:
         return 0
