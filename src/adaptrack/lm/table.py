@@ -61,10 +61,11 @@ class TableLM(LanguageModel):
         out = np.empty((len(prefixes), self.vocab.size))
         for row, prefix in enumerate(prefixes):
             w = np.asarray(self.next_probs(tuple(prefix)), dtype=np.float64)
-            if w.shape != (self.vocab.size,) or not np.all(w >= 0) or not w.sum() > 0:
+            ok = w.shape == (self.vocab.size,) and np.all(np.isfinite(w)) and np.all(w >= 0)
+            if not ok or not w.sum() > 0:
                 raise ModelOutputError(
                     f"next_probs({tuple(prefix)}) must return {self.vocab.size} non-negative "
-                    f"weights with a positive sum; got {w.tolist()[:8]}"
+                    f"finite weights with a positive sum; got {w.tolist()[:8]}"
                 )
             with np.errstate(divide="ignore"):
                 out[row] = np.log(w / w.sum())

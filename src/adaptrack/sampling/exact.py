@@ -57,7 +57,11 @@ class Exact(Method):
             self.restarts += 1
 
     def _most_probable(self) -> Node:
-        if self._best is not None:
+        if self._best is not None:  # the same answer for every sample; count its prefixes
+            node = self._best.parent
+            while node is not None:
+                self.use(node)
+                node = node.parent
             return self._best
         tree = self.tree
         # Entries (cost, tiebreak, node, k): k = -1 is the node itself, k >= 0 its k-th most
