@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..tokenization.vocab import Vocabulary
+from ..tokenization.vocab import Vocabulary, trie_insert
 from .base import DONE, Constraint, Matcher, State, terminator_bytes
 
 
@@ -39,17 +39,9 @@ class Choice(Constraint):
                 )
         # The string trie: children[n] maps a byte to a node; accepting[n] ends a string.
         self.children: list[dict[int, int]] = [{}]
-        self.accepting: list[bool] = [False]
-        for s in self.strings:
-            node = 0
-            for b in s:
-                nxt = self.children[node].get(b)
-                if nxt is None:
-                    nxt = len(self.children)
-                    self.children[node][b] = nxt
-                    self.children.append({})
-                    self.accepting.append(False)
-                node = nxt
+        ends = [trie_insert(self.children, s) for s in self.strings]
+        self.accepting = [False] * len(self.children)
+        for node in ends:
             self.accepting[node] = True
 
     def bind(self, vocab: Vocabulary) -> Matcher:

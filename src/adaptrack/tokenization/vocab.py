@@ -12,6 +12,20 @@ from functools import cached_property
 import numpy as np
 
 
+def trie_insert(children: list[dict[int, int]], data: bytes) -> int:
+    """Add ``data`` to a byte trie (``children[n]``: byte → node; node 0 the root) and
+    return the node it ends at. Shared by the token trie and the ``choice`` string trie."""
+    node = 0
+    for b in data:
+        nxt = children[node].get(b)
+        if nxt is None:
+            nxt = len(children)
+            children[node][b] = nxt
+            children.append({})
+        node = nxt
+    return node
+
+
 class TokenTrie:
     """A byte trie over all non-special tokens.
 
@@ -23,19 +37,10 @@ class TokenTrie:
 
     def __init__(self, token_bytes: Sequence[bytes | None]) -> None:
         self.children: list[dict[int, int]] = [{}]
-        ends: list[list[int]] = [[]]
-        for tok, data in enumerate(token_bytes):
-            if not data:
-                continue
-            node = 0
-            for b in data:
-                nxt = self.children[node].get(b)
-                if nxt is None:
-                    nxt = len(self.children)
-                    self.children[node][b] = nxt
-                    self.children.append({})
-                    ends.append([])
-                node = nxt
+        end_of = {tok: trie_insert(self.children, data)
+                  for tok, data in enumerate(token_bytes) if data}
+        ends: list[list[int]] = [[] for _ in self.children]
+        for tok, node in end_of.items():
             ends[node].append(tok)
         self.ends = [np.asarray(e, dtype=np.int64) for e in ends]
         order: list[int] = []
