@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .constraints.base import Anything, Constraint, Matcher
 from .errors import NoValidSequenceError
 from .lm.base import LanguageModel
 from .sampling.adaptrack import AdapTrack
 from .sampling.asap import ASAp
-from .sampling.base import Method
+from .sampling.base import Method, run_walks
 from .sampling.cd import ConstrainedDecoding
 from .sampling.enumerate import enumerate_tree
 from .sampling.exact import Exact
@@ -115,6 +113,9 @@ def generate(
     max_backtrack: int | None = None,
     min_backtrack_prob: float = 0.0,
     max_nodes: int = 100_000,
+    max_cache_bytes: int = 1 << 30,
+    batch_size: int = 16,
+    on_sample: Callable[[Sample], None] | None = None,
 ) -> GenerationResult:
     """Draw ``n`` samples of a continuation of ``prompt`` that satisfies ``constraint``.
 
@@ -122,7 +123,12 @@ def generate(
     the README for what each guarantees). The ``n`` samples share one prefix tree, so the
     model evaluates each prefix once. ``share_q``, ``max_backtrack`` and
     ``min_backtrack_prob`` are AdapTrack's options. ``max_nodes`` bounds the tree; past it
-    ``TreeLimitError`` is raised. The same ``seed`` gives the same samples.
+    ``TreeLimitError`` is raised. ``max_cache_bytes`` bounds the cached next-token facts
+    (evicted ones are recomputed; results do not change). Methods whose samples are
+    independent (``unconstrained``, ``cd``, ``adaptrack`` without ``share_q``) run
+    ``batch_size`` samples in lockstep, so the model sees batches. ``on_sample`` is called
+    with each sample as it finishes (a progress hook). The same ``seed`` gives the same
+    samples, whatever ``batch_size`` and ``max_cache_bytes``.
     ``fast_forward`` is accepted for forward compatibility: forced bytes are currently fed
     token by token, which is the exact behaviour.
 
@@ -131,7 +137,7 @@ def generate(
     >>> bits = at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])
     >>> res = at.generate(lm, [], bits, method="exact", n=3, seed=0)
     >>> [s.text for s in res.samples]
-    ['11010', '11001', '11101']
+    ['10011', '11010', '11000']
     >>> all(s.valid for s in res.samples)
     True
     """
@@ -142,6 +148,10 @@ def generate(
             "share_q, max_backtrack and min_backtrack_prob apply to method='adaptrack' only"
         )
     _check(n, temperature, top_p, max_new_tokens, max_nodes)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if max_cache_bytes < 0:
+        raise ValueError(f"max_cache_bytes must be >= 0, got {max_cache_bytes}")
     if max_backtrack is not None and max_backtrack < 0:
         raise ValueError(f"max_backtrack must be >= 0, got {max_backtrack}")
     if not 0 <= min_backtrack_prob <= 1:
@@ -153,29 +163,33 @@ def generate(
     walker = Anything(matcher.terminators).bind(lm.vocab) if unconstrained else matcher
     tree = PrefixTree(lm, ids, walker, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      restrict_length=not unconstrained)
+                      max_cache_bytes=max_cache_bytes, restrict_length=not unconstrained)
     options = (
         {"share_q": share_q, "max_backtrack": max_backtrack,
          "min_backtrack_prob": min_backtrack_prob}
         if method == "adaptrack" else {}
     )
-    sampler = METHODS[method](tree, np.random.default_rng(seed), temperature == 0, **options)
-    samples = []
-    for _ in range(n):
-        sampler.begin_sample()
-        node = sampler.sample()
+    sampler = METHODS[method](tree, temperature == 0, **options)
+    samples: list[Sample | None] = [None] * n
+
+    def done(i: int, node: Node, requests: int) -> None:
         valid = node.complete and (not unconstrained or matcher.accepts(node.tokens))
-        samples.append(Sample(node.tokens, _text(matcher, lm, node), node.complete, valid,
-                              node.logprob, sampler.requests))
+        samples[i] = Sample(node.tokens, _text(matcher, lm, node), node.complete, valid,
+                            node.logprob, requests)
+        if on_sample is not None:
+            on_sample(samples[i])
+
+    run_walks(sampler, n, batch_size, seed, done)
     stats = {
         "lm_calls": tree.lm_calls,
         "tree_nodes": tree.num_nodes,
+        "evictions": tree.evictions,
         "backtracks": sampler.backtracks,
         "restarts": sampler.restarts,
         "incomplete": sum(not s.complete for s in samples),
         "seconds": time.perf_counter() - started,
     }
-    return GenerationResult(samples, stats)
+    return GenerationResult(samples, stats)  # type: ignore[arg-type]
 
 
 def exact_distribution(

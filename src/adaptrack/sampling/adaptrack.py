@@ -15,7 +15,9 @@ With ``temperature=0``, N[x] is the argmax of P_Q(· | x), re-chosen after each 
 
 from __future__ import annotations
 
-from .base import Method
+import numpy as np
+
+from .base import Method, Walk
 from .draw import argmax, draw
 from .tree import Node, QTable
 
@@ -30,21 +32,21 @@ class AdapTrack(Method):
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.share_q = share_q
+        self.share_q, self.independent = share_q, not share_q
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
-        self.Q = QTable(self.tree)
+        self.shared = QTable(self.tree)
 
-    def _choose(self, x: Node, exclude: Node | None = None) -> int:
+    def _choose(self, Q: QTable, rng: np.random.Generator, x: Node,
+                exclude: Node | None = None) -> int:
         """A token from P_Q(· | x), or from formula 4 when ``exclude`` is the old N[x]'s node."""
-        w = self.Q.weights(x)
+        w = Q.weights(x)
         j = None if exclude is None else exclude.slot
-        i = argmax(w, j) if self.greedy else draw(w, self.rng, j)
-        return int(x.expansion.ids[i])
+        i = argmax(w, j) if self.greedy else draw(w, rng, j)
+        return Q.token(x, i)
 
-    def sample(self) -> Node:
-        if not self.share_q:
-            self.Q = QTable(self.tree)  # line 2: Q ← ∅
-        Q, root = self.Q, self.tree.root
+    def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
+        Q = self.shared if self.share_q else QTable(self.tree)  # line 2: Q ← ∅
+        root = self.tree.root
         N: dict[Node, int] = {}  # line 3: N ← ∅
         while True:
             path = [root]  # line 5, Algorithm 1: follow N from the empty prefix
@@ -54,12 +56,13 @@ class AdapTrack(Method):
             if s.complete:
                 return s  # lines 6-7
             before = [Q.prob(child) for child in path[1:]]  # P_Q(n|x), line 13
+            yield from self.expand(s)
             Q.open(s)  # line 10 (opening s is what changes Q)
-            self.use(s)
+            seen.add(id(s))
             if Q.q(root) == 0:
                 raise self.empty_language()
             if Q.q(s) > 0:
-                N[s] = self._choose(s)  # line 9
+                N[s] = self._choose(Q, rng, s)  # line 9
             for depth in range(len(path) - 2, -1, -1):  # line 11, longest prefix first
                 x, n, p = path[depth], path[depth + 1], before[depth]  # line 12: n = N[x]
                 if Q.q(x) == 0:
@@ -67,14 +70,14 @@ class AdapTrack(Method):
                 p_new = Q.prob(n)  # line 14
                 if self.greedy:
                     if p_new < p and self._may_backtrack(x, s, p, p_new):
-                        best = self._choose(x)
+                        best = self._choose(Q, rng, x)
                         self.backtracks += best != n.token
                         N[x] = best
                     continue
                 if p_new >= p or not self._may_backtrack(x, s, p, p_new):
                     continue
-                if self.rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
-                    N[x] = self._choose(x, exclude=n)  # line 17, formula 4
+                if rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
+                    N[x] = self._choose(Q, rng, x, exclude=n)  # line 17, formula 4
                     self.backtracks += 1
 
     def _may_backtrack(self, x: Node, s: Node, p: float, p_new: float) -> bool:

@@ -8,30 +8,36 @@ a constraint with dead ends) is discarded and redrawn with the refined Q (``rest
 
 from __future__ import annotations
 
-from .base import Method
+import numpy as np
+
+from .base import Method, Walk
 from .draw import argmax, draw
-from .tree import Node, QTable
+from .tree import QTable
 
 
 class ASAp(Method):
+    independent = False  # Q is shared
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.Q = QTable(self.tree)  # shared by every sample of the prompt
 
-    def sample(self) -> Node:
+    def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         root = self.tree.root
         while True:
             node = root
             while not node.complete:
-                self.Q.open(node)
-                self.use(node)
+                if not self.Q.is_open(node):
+                    yield from self.expand(node)
+                    self.Q.open(node)
+                seen.add(id(node))
                 if self.Q.q(root) == 0:
                     raise self.empty_language()
                 if self.Q.q(node) == 0:
                     break  # dead end: redraw
                 w = self.Q.weights(node)
-                i = argmax(w) if self.greedy else draw(w, self.rng)
-                node = self.tree.child(node, int(node.expansion.ids[i]))
+                i = argmax(w) if self.greedy else draw(w, rng)
+                node = self.tree.child(node, self.Q.token(node, i))
             else:
                 return node
             self.restarts += 1

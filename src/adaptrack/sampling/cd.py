@@ -7,21 +7,22 @@ returns that prefix as an incomplete sample, as design.md §2 specifies.
 
 from __future__ import annotations
 
-from .base import Method
+import numpy as np
+
+from .base import Method, Walk
 from .draw import argmax, draw
-from .tree import Node
 
 
 class ConstrainedDecoding(Method):
-    def sample(self) -> Node:
+    def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         node = self.tree.root
         while not node.complete:
-            exp = self.tree.expand(node)
-            self.use(node)
+            exp = yield from self.expand(node)
+            seen.add(id(node))
             if len(exp.ids) == 0:
                 if node is self.tree.root:
                     raise self.empty_language()
                 return node  # a dead end: incomplete, marked as such
-            i = argmax(exp.p) if self.greedy else draw(exp.p, self.rng)
+            i = argmax(exp.p) if self.greedy else draw(exp.p, rng)
             node = self.tree.child(node, int(exp.ids[i]))
         return node

@@ -2,11 +2,13 @@
 
 Each attempt draws a sequence from P_Q with Q fixed for the attempt: at an opened prefix
 from P_Q(· | x) (formula 3), at a prefix not yet opened from the model's P(· | x) over the
-whole vocabulary (unexplored children count as valid, Q = 1). Because Q satisfies formula 2
-at every opened prefix, the proposal gives every valid complete sequence s the probability
-P(s) / Q[ε] (the telescoping product of Theorem 5.1), so an accepted attempt is an exact
-draw from P(s | c) ∝ P(s)·c(s). An attempt that picks an invalid token is rejected; the
-prefixes it saw are opened (Q refined) and the next attempt starts with fresh randomness.
+whole vocabulary (unexplored children count as valid, Q = 1): with probability 1 − Σ_valid
+P(u|x) an invalid token, which rejects the attempt, else a valid u ∝ P(u|x). Because Q
+satisfies formula 2 at every opened prefix, the proposal gives every valid complete
+sequence s the probability P(s) / Q[ε] (the telescoping product of Theorem 5.1), so an
+accepted attempt is an exact draw from P(s | c) ∝ P(s)·c(s). An attempt that picks an
+invalid token is rejected; the prefixes it saw are opened (Q refined) and the next
+attempt starts with fresh randomness.
 Each rejection opens at least one prefix, so the number of attempts is bounded by the tree.
 Q is shared by all samples of a prompt: later samples are rejected less.
 
@@ -19,48 +21,60 @@ from __future__ import annotations
 import heapq
 import math
 
-from .base import Method
+import numpy as np
+
+from .base import Method, Walk
 from .draw import draw
-from .tree import Node, QTable
+from .tree import Expansion, Node, QTable
 
 
 class Exact(Method):
+    independent = False  # Q is shared
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.Q = QTable(self.tree)
         self._best: Node | None = None
 
-    def sample(self) -> Node:
+    def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
-            return self._most_probable()
+            return (yield from self._most_probable(seen))
         root = self.tree.root
         while True:
             if self.Q.q(root) == 0:
                 raise self.empty_language()
-            node, seen = root, []
+            node, unopened = root, []
             while not node.complete:
-                self.use(node)
+                seen.add(id(node))
                 if self.Q.is_open(node):
-                    i = draw(self.Q.weights(node), self.rng)
-                    token = int(node.expansion.ids[i])
+                    i = draw(self.Q.weights(node), rng)
+                    token = self.Q.token(node, i)
                 else:
-                    exp = self.tree.expand(node)
-                    seen.append(node)
-                    token = int(draw(exp.probs, self.rng))
-                    if not exp.is_valid(token):
-                        break  # rejected
+                    exp = yield from self.expand(node)
+                    unopened.append(node)
+                    token = self._propose(exp, rng)
+                    if token < 0:
+                        break  # an invalid token: rejected
                 node = self.tree.child(node, token)
-            for x in seen:  # parents first: Q stays consistent after the attempt
+            for x in unopened:  # parents first: Q stays consistent after the attempt
+                yield from self.expand(x)  # (in case the cache dropped it meanwhile)
                 self.Q.open(x)
             if node.complete:
                 return node
             self.restarts += 1
 
-    def _most_probable(self) -> Node:
+    def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
+        """u ~ P(· | x) over the whole vocabulary; -1 stands for any invalid token."""
+        u = rng.random()
+        cdf = np.cumsum(exp.p)
+        if len(cdf) == 0 or u >= cdf[-1]:
+            return -1
+        return int(exp.ids[min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)])
+
+    def _most_probable(self, seen: set[int]) -> Walk:
         if self._best is not None:  # the same answer for every sample; count its prefixes
             node = self._best.parent
             while node is not None:
-                self.use(node)
+                seen.add(id(node))
                 node = node.parent
             return self._best
         tree = self.tree
@@ -68,6 +82,7 @@ class Exact(Method):
         # probable child, pushed lazily so a wide vocabulary costs one entry per pop.
         heap: list[tuple[float, int, Node, int]] = [(0.0, 0, tree.root, -1)]
         order: dict[int, list[int]] = {}
+        facts: dict[int, Expansion] = {}
         counter = 1
         while heap:
             cost, _, node, k = heapq.heappop(heap)
@@ -75,20 +90,21 @@ class Exact(Method):
                 if node.complete:
                     self._best = node
                     return node
-                exp = tree.expand(node)
-                self.use(node)
+                exp = yield from self.expand(node)
+                facts[id(node)] = exp
+                seen.add(id(node))
                 if len(exp.ids):
                     order[id(node)] = sorted(range(len(exp.ids)), key=lambda j: -exp.p[j])
                     heapq.heappush(heap, (cost - math.log(exp.p[order[id(node)][0]]), counter,
                                           node, 0))
                     counter += 1
                 continue
-            ranks = order[id(node)]
-            child = tree.child(node, int(node.expansion.ids[ranks[k]]))
+            ranks, exp = order[id(node)], facts[id(node)]
+            child = tree.child(node, int(exp.ids[ranks[k]]))
             heapq.heappush(heap, (-child.logprob, counter, child, -1))
             counter += 1
             if k + 1 < len(ranks):
-                nxt = node.expansion.p[ranks[k + 1]]
+                nxt = exp.p[ranks[k + 1]]
                 heapq.heappush(heap, (-node.logprob - math.log(nxt), counter, node, k + 1))
                 counter += 1
         raise self.empty_language()

@@ -12,6 +12,7 @@ across samples keep one table; AdapTrack with fresh state makes one per sample.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -23,8 +24,8 @@ from ..lm.base import LanguageModel
 class Node:
     """One prefix: the tokens after the prompt, the constraint state after them."""
 
-    __slots__ = ("children", "complete", "depth", "expansion", "logprob", "parent", "slot",
-                 "state", "token", "tokens")
+    __slots__ = ("children", "complete", "depth", "expansion", "logprob", "opened", "parent",
+                 "slot", "state", "token", "tokens")
 
     def __init__(
         self, parent: Node | None, token: int | None, state: State, complete: bool,
@@ -36,26 +37,32 @@ class Node:
         self.logprob = logprob  # log P(tokens | prompt) under the sampling model
         self.children: dict[int, Node] = {}
         self.expansion: Expansion | None = None
-        self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``; -1 if not valid
+        self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``
+        self.opened = False  # some Q table holds this node's facts: never evicted
 
 
 class Expansion:
-    """The next-token facts of one prefix, computed once.
+    """The next-token facts of one prefix, computed once from the model's distribution.
 
-    ``probs``: the model's next-token distribution (at the sampling temperature);
     ``ids``: the valid next tokens with positive probability, sorted (constraint, the
-    validity-aware top-p cutoff and the length limit all applied); ``p``: their probs.
+    validity-aware top-p cutoff and the length limit all applied); ``p``: their
+    probabilities under the model at the sampling temperature (normalized over the whole
+    vocabulary, so ``p.sum()`` is the valid mass). The full distribution is not kept: every
+    method needs only the valid tokens, and it is most of the memory.
     """
 
-    __slots__ = ("ids", "p", "probs")
+    __slots__ = ("ids", "p")
 
     def __init__(self, probs: np.ndarray, ids: np.ndarray) -> None:
-        self.probs = probs
         if len(ids) == len(probs) and probs.all():
             self.ids, self.p = ids, probs  # no constraint: skip two vocabulary-wide copies
         else:
             self.ids = ids[probs[ids] > 0]
             self.p = probs[self.ids]
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.nbytes + self.p.nbytes
 
     def index(self, token: int) -> int:
         """Position of a valid ``token`` in ``ids``."""
@@ -90,6 +97,12 @@ def nucleus(probs: np.ndarray, valid: np.ndarray, top_p: float) -> np.ndarray:
 class PrefixTree:
     """Prefixes of one prompt under one constraint, with the model's outputs cached.
 
+    The cache of expansions is bounded by ``max_cache_bytes``: past it, the least recently
+    expanded prefixes that no Q table has opened lose their expansion, and a later visit
+    asks the model again. Results do not depend on the bound (the same seed gives the same
+    samples); only the number of model calls does. Opened prefixes are the algorithms' own
+    state (formula 2 needs their valid probabilities) and are bounded by ``max_nodes``.
+
     ``temperature`` 0 keeps the model's own distribution (T = 1) in the tree: greedy
     methods take argmaxes of it. ``restrict_length`` makes ``max_new_tokens`` part of the
     constraint (at the last position only finishing tokens are valid); unconstrained
@@ -106,6 +119,7 @@ class PrefixTree:
         top_p: float = 1.0,
         max_new_tokens: int = 64,
         max_nodes: int = 100_000,
+        max_cache_bytes: int = 1 << 30,
         restrict_length: bool = True,
     ) -> None:
         self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
@@ -116,6 +130,10 @@ class PrefixTree:
         self.root = Node(None, None, start, matcher.is_complete(start), 0.0)
         self.num_nodes = 1
         self.lm_calls = 0
+        self.max_cache_bytes = max_cache_bytes
+        self.cache_bytes = 0
+        self.evictions = 0
+        self._lru: OrderedDict[int, Node] = OrderedDict()  # expanded, not opened
 
     def expand(self, node: Node) -> Expansion:
         """The node's next-token facts, calling the model if this prefix is new."""
@@ -128,10 +146,35 @@ class PrefixTree:
         todo = [n for n in nodes if n.expansion is None]
         if not todo:
             return
+        todo = list({id(n): n for n in todo}.values())
         logprobs = self.lm.next_logprobs([self.prompt + n.tokens for n in todo])
         self.lm_calls += len(todo)
         for node, row in zip(todo, logprobs, strict=True):
             node.expansion = self._facts(node, row)
+            self.cache_bytes += node.expansion.nbytes
+            self._lru[id(node)] = node
+        self._evict(keep=todo)
+
+    def pin(self, node: Node) -> None:
+        """Keep ``node``'s expansion for good (a Q table opened it)."""
+        if not node.opened:
+            node.opened = True
+            if self._lru.pop(id(node), None) is not None:
+                self.cache_bytes -= node.expansion.nbytes  # type: ignore[union-attr]
+
+    def _evict(self, keep: list[Node]) -> None:
+        if self.cache_bytes <= self.max_cache_bytes:
+            return
+        protected = {id(n) for n in keep}
+        for key in list(self._lru):
+            if self.cache_bytes <= self.max_cache_bytes:
+                break
+            if key in protected:
+                continue
+            node = self._lru.pop(key)
+            self.cache_bytes -= node.expansion.nbytes  # type: ignore[union-attr]
+            node.expansion = None
+            self.evictions += 1
 
     def _facts(self, node: Node, logprobs: np.ndarray) -> Expansion:
         t = self.temperature if self.temperature > 0 else 1.0
@@ -163,13 +206,12 @@ class PrefixTree:
                 "lower max_new_tokens"
             )
         state = self.matcher.advance(node.state, token)
-        if state is None:
-            raise ValueError(f"token {token} is not valid after {node.tokens}")
         exp = self.expand(node)
-        child = Node(node, token, state, self.matcher.is_complete(state),
-                     node.logprob + math.log(exp.probs[token]))
-        if exp.is_valid(token):
-            child.slot = exp.index(token)
+        if state is None or not exp.is_valid(token):
+            raise ValueError(f"token {token} is not valid after {node.tokens}")
+        child = Node(node, token, state, self.matcher.is_complete(state), 0.0)
+        child.slot = exp.index(token)
+        child.logprob = node.logprob + math.log(exp.p[child.slot])
         node.children[token] = child
         self.num_nodes += 1
         return child
@@ -191,6 +233,7 @@ class QTable:
         self._w: dict[int, np.ndarray] = {}
         self._q: dict[int, float] = {}
         self._alive: dict[int, int] = {}
+        self._facts: dict[int, Expansion] = {}
 
     def is_open(self, node: Node) -> bool:
         return id(node) in self._q
@@ -203,6 +246,10 @@ class QTable:
         """w[u] = P(u|node) Q[node::u] over ``expansion.ids`` (node must be open)."""
         return self._w[id(node)]
 
+    def token(self, node: Node, i: int) -> int:
+        """The token at position ``i`` of ``weights(node)``."""
+        return int(self._facts[id(node)].ids[i])
+
     def prob(self, child: Node) -> float:
         """P_Q(child.token | child.parent), formula 3."""
         key = id(child.parent)
@@ -214,7 +261,9 @@ class QTable:
         if self.is_open(node):
             return
         exp = self.tree.expand(node)
+        self.tree.pin(node)
         key = id(node)
+        self._facts[key] = exp
         self._w[key] = exp.p.copy()
         self._alive[key] = len(exp.p)
         self._q[key] = float(exp.p.sum()) if len(exp.p) else 0.0
@@ -230,7 +279,7 @@ class QTable:
             w = self._w[key]
             i = node.slot
             before = w[i]
-            w[i] = parent.expansion.p[i] * new_q if new_q > 0 else 0.0
+            w[i] = self._facts[key].p[i] * new_q if new_q > 0 else 0.0
             old_q = self._q[key]
             if new_q == 0 and before > 0:
                 self._alive[key] -= 1
