@@ -10,9 +10,15 @@
 """
 
 from . import constraints, metrics
-from .errors import AdaptrackError, ModelOutputError, NoValidSequenceError, TreeLimitError
+from .errors import (
+    AdaptrackError,
+    ModelLoadError,
+    ModelOutputError,
+    NoValidSequenceError,
+    TreeLimitError,
+)
 from .generate import METHODS, GenerationResult, Sample, exact_distribution, generate
-from .lm import LanguageModel, TableLM
+from .lm import LanguageModel, TableLM, load_model
 from .tokenization.vocab import Vocabulary
 
 __version__ = "0.1.0"
@@ -22,6 +28,7 @@ __all__ = [
     "AdaptrackError",
     "GenerationResult",
     "LanguageModel",
+    "ModelLoadError",
     "ModelOutputError",
     "NoValidSequenceError",
     "Sample",
@@ -31,5 +38,6 @@ __all__ = [
     "constraints",
     "exact_distribution",
     "generate",
+    "load_model",
     "metrics",
 ]

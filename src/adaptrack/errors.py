@@ -19,3 +19,7 @@ class TreeLimitError(AdaptrackError):
 
 class ModelOutputError(AdaptrackError, ValueError):
     """A model returned next-token scores of the wrong shape or with no probability mass."""
+
+
+class ModelLoadError(AdaptrackError):
+    """A model could not be found, downloaded or loaded (the message says which and why)."""

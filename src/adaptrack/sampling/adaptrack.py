@@ -21,6 +21,11 @@ from .base import Method, Walk
 from .draw import argmax, draw
 from .tree import Node, QTable
 
+# P_Q ratios within this of 1 count as unchanged: Q[s] of a prefix whose every child is valid
+# sums to 1 only up to rounding, and whether a Bernoulli draw happens must not depend on it
+# (else samples would change with the batch composition of the model's float arithmetic).
+ROUNDING = 1e-9
+
 
 class AdapTrack(Method):
     def __init__(
@@ -68,13 +73,15 @@ class AdapTrack(Method):
                 if Q.q(x) == 0:
                     continue  # x is dead itself; its parent leaves it
                 p_new = Q.prob(n)  # line 14
+                if p_new >= p * (1 - ROUNDING):
+                    continue  # kept for sure (p'/p ≥ 1); rounding must not consume randomness
                 if self.greedy:
-                    if p_new < p and self._may_backtrack(x, s, p, p_new):
+                    if self._may_backtrack(x, s, p, p_new):
                         best = self._choose(Q, rng, x)
                         self.backtracks += best != n.token
                         N[x] = best
                     continue
-                if p_new >= p or not self._may_backtrack(x, s, p, p_new):
+                if not self._may_backtrack(x, s, p, p_new):
                     continue
                 if rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
                     N[x] = self._choose(Q, rng, x, exclude=n)  # line 17, formula 4

@@ -1,0 +1,186 @@
+"""Hugging Face transformers backend: batched log-probs with a KV cache that follows the tree.
+
+Samplers ask for prefixes that mostly extend, or branch off, prefixes asked for before. The
+backend keeps the key/value tensors of recent prefixes (``max_states`` of them, least
+recently used dropped first); a new prefix starts from the kept state with the longest
+common prefix, cropped to it, and only the remaining tokens are fed. Several prefixes go in
+one forward pass: the kept states are left-padded to a common length and the new tokens
+right-padded, with an attention mask and explicit positions, so each row computes exactly
+what a lone forward over its prefix would (within float rounding, tested to 1e-4).
+
+Models with sliding-window layers (whose caches cannot be cropped) are run without reuse.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..tokenization.vocab import Vocabulary
+from .base import LanguageModel, Prefix
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the error is raised by load_model
+    torch = None  # type: ignore[assignment]
+
+KV = list[tuple[Any, Any]]  # per layer (keys, values), each (1, heads, length, head_dim)
+
+
+def _common_prefix(a: Prefix, b: Prefix) -> int:
+    """Length of the common prefix, by binary search over C-speed tuple comparisons."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class TransformersLM(LanguageModel):
+    """A causal LM from ``transformers`` as an adaptrack model.
+
+    ``model`` and ``tokenizer`` are already loaded (``load_model`` does that);
+    ``max_batch`` bounds the rows of one forward pass, ``max_states`` the kept KV states;
+    ``vocab`` overrides the token bytes read from the tokenizer.
+    Use :func:`adaptrack.load_model` rather than building one by hand.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
+                 max_states: int = 64, name: str | None = None,
+                 vocab: Vocabulary | None = None) -> None:
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", type(model).__name__)
+        if vocab is None:
+            from ..tokenization.hf import vocabulary
+
+            width = model.get_output_embeddings().weight.shape[0]
+            vocab = vocabulary(tokenizer, logits_width=width, config=model.config,
+                               generation_config=getattr(model, "generation_config", None))
+        self.vocab = vocab
+        self.device = next(model.parameters()).device
+        self.max_batch, self.max_states = max_batch, max_states
+        types = getattr(model.config, "layer_types", None) or ()
+        self.reuse = not any("sliding" in str(t) for t in types) and not getattr(
+            model.config, "use_sliding_window", False)
+        self._states: OrderedDict[Prefix, KV] = OrderedDict()
+        self.forward_calls = 0  # forward passes (a pass may serve several prefixes)
+        self.fed_tokens = 0  # tokens fed through the model, prompt and re-feeds included
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, with the BOS token exactly when the tokenizer adds one."""
+        return list(self.tokenizer.encode(text))
+
+    def clear_cache(self) -> None:
+        """Forget every kept KV state (frees their memory)."""
+        self._states.clear()
+
+    def _next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        out = np.empty((len(prefixes), self.vocab.size), dtype=np.float64)
+        for prefix in prefixes:
+            if not prefix:
+                raise ValueError("the model needs at least one token of context: give a "
+                                 "non-empty prompt")
+        # Long re-feeds go alone so that short rows are not padded to their length.
+        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+        for start in range(0, len(order), self.max_batch):
+            rows = order[start:start + self.max_batch]
+            with torch.inference_mode():
+                logprobs = self._forward([tuple(prefixes[i]) for i in rows])
+            out[rows] = logprobs
+        return out
+
+    def _source(self, prefix: Prefix) -> tuple[int, KV | None, Prefix]:
+        """The kept state sharing the longest prefix with ``prefix``: the shared length
+        (at most ``len(prefix) - 1``: the last token must be fed, its output is what we
+        want), the state, and its tokens."""
+        best, best_kv, best_tokens = 0, None, ()
+        if self.reuse:
+            for tokens, kv in self._states.items():
+                n = _common_prefix(tokens, prefix)
+                if n > best:
+                    best, best_kv, best_tokens = n, kv, tokens
+        return min(best, len(prefix) - 1), best_kv, best_tokens
+
+    def _forward(self, prefixes: list[Prefix]) -> np.ndarray:
+        found = [self._source(p) for p in prefixes]
+        sources = [(n, kv) for n, kv, _ in found]
+        kept = [n for n, _ in sources]
+        new = [p[n:] for p, n in zip(prefixes, kept, strict=True)]
+        width, steps = max(kept), max(len(t) for t in new)
+        rows = len(prefixes)
+        dev = self.device
+        ids = torch.zeros((rows, steps), dtype=torch.long, device=dev)
+        pos = torch.zeros((rows, steps), dtype=torch.long, device=dev)
+        mask = torch.ones((rows, width + steps), dtype=torch.long, device=dev)
+        for r, (n, toks) in enumerate(zip(kept, new, strict=True)):
+            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            pos[r] = torch.arange(n, n + steps)
+            mask[r, : width - n] = 0  # left padding of the kept state
+        cache = self._batched_cache(sources, width) if width else None
+        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": pos, "use_cache": self.reuse}
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        if rows > 1:  # one row has no padding, so no mask
+            kwargs["attention_mask"] = mask
+        # Right padding: row r's last real token sits at index len(new[r]) - 1.
+        out = self.model(**kwargs, logits_to_keep=steps if rows > 1 else 1)
+        self.forward_calls += 1
+        self.fed_tokens += sum(len(t) for t in new)
+        if rows == 1:
+            logits = out.logits[:, -1]
+        else:
+            last = torch.tensor([len(t) - 1 for t in new], device=dev)
+            logits = out.logits[torch.arange(rows, device=dev), last]
+        logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
+        if self.reuse:
+            self._keep(prefixes, kept, new, width, out.past_key_values,
+                       [tokens for _, _, tokens in found])
+        return logprobs
+
+    def _batched_cache(self, sources: list[tuple[int, KV | None]], width: int) -> Any:
+        from transformers import DynamicCache
+
+        layers = []
+        num_layers = len(next(kv for _, kv in sources if kv is not None))
+        for layer in range(num_layers):
+            keys, values = [], []
+            for n, kv in sources:
+                if kv is None or n == 0:
+                    ref = next(kv for _, kv in sources if kv is not None)[layer][0]
+                    k = v = ref.new_zeros((1, ref.shape[1], 0, ref.shape[3]))
+                else:
+                    k, v = kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]
+                if n < width:  # left-pad to the common length; the mask hides the padding
+                    pad = k.new_zeros((1, k.shape[1], width - n, k.shape[3]))
+                    k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
+                keys.append(k)
+                values.append(v)
+            if len(keys) == 1:
+                layers.append((keys[0], values[0]))
+            else:
+                layers.append((torch.cat(keys), torch.cat(values)))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _keep(self, prefixes: list[Prefix], kept: list[int], new: list[Prefix], width: int,
+              cache: Any, sources: list[Prefix]) -> None:
+        for r, prefix in enumerate(prefixes):
+            lo, hi = width - kept[r], width + len(new[r])
+            kv = [(layer.keys[r:r + 1, :, lo:hi], layer.values[r:r + 1, :, lo:hi])
+                  for layer in cache.layers]
+            self._states.pop(prefix, None)
+            self._states[prefix] = kv
+        # A source that the new prefix extends is subsumed by it: cropping gives it back.
+        for prefix, source in zip(prefixes, sources, strict=True):
+            if len(source) < len(prefix) and prefix[: len(source)] == source:
+                self._states.pop(source, None)
+        while len(self._states) > self.max_states:
+            self._states.popitem(last=False)

