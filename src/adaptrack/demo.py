@@ -1,13 +1,18 @@
-"""``adaptrack demo``: every method on a toy problem, against the exact target."""
+"""``adaptrack demo``: the paper's Figure 3 on the default model, and every method on a toy
+problem against the exact target (``--problem``)."""
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 from collections import Counter
 from typing import TextIO
 
-from . import metrics, toy
+from . import constraints, metrics, toy
+from .constraints.base import Constraint
 from .generate import exact_distribution, generate
+from .lm.base import LanguageModel
 
 RUNS = [
     ("cd", {}),
@@ -30,9 +35,10 @@ ABOUT = {
 
 
 def run_demo(
-    problem: str = "binary", n: int = 2000, seed: int = 0, out: TextIO = sys.stdout
+    problem: str = "binary", n: int = 2000, seed: int = 0, out: TextIO | None = None
 ) -> None:
     """Print, per method, the share of the top texts, KL to the exact target and the cost."""
+    out = out or sys.stdout
     lm, constraint, max_new = toy.PROBLEMS[problem]()
     target = exact_distribution(lm, [], constraint, max_new_tokens=max_new)
     by_text: Counter[str] = Counter()
@@ -68,3 +74,105 @@ def run_demo(
               f"{st['restarts']} | {st['seconds']:.2f} |", file=out, flush=True)
     print("\nKL is KL(empirical || target) in nats; sampling noise alone gives about "
           f"{(len(target) - 1) / (2 * n):.4f}.", file=out)
+
+
+# The paper's Figure 3: a wrapper for a TensorFlow v1-only API, in the v2 setting.
+FIGURE3_PROMPT = '''import tensorflow as tf
+
+def mean_pairwise_squared_error(*args, **kwargs):
+    """
+    wrapper for losses.mean_pairwise_squared_error
+    """
+    return tf'''
+V1_INTENT = ".losses.mean_pairwise_squared_error("  # right in TF 1, missing in TF 2
+V2_ANSWER = ".compat.v1.losses.mean_pairwise_squared_error("  # the paper's v2 answer
+
+# A short list of real TF 2.16 API names around the example; the evaluation issue brings
+# the full list. The completion is "." + a name + "(" (the terminator).
+TF2_NAMES = (
+    "compat.v1.losses.mean_pairwise_squared_error", "compat.v1.losses.mean_squared_error",
+    "compat.v1.losses.absolute_difference", "compat.v1.losses.log_loss",
+    "compat.v1.losses.huber_loss", "compat.v1.losses.hinge_loss",
+    "compat.v1.losses.cosine_distance", "compat.v1.losses.sigmoid_cross_entropy",
+    "compat.v1.losses.softmax_cross_entropy", "compat.v1.losses.compute_weighted_loss",
+    "compat.v1.reduce_sum", "compat.v1.placeholder", "compat.v1.get_variable",
+    "compat.v1.metrics.mean_squared_error", "losses.mean_squared_error",
+    "losses.mean_absolute_error", "losses.mean_squared_logarithmic_error",
+    "losses.mean_absolute_percentage_error", "losses.huber", "losses.log_cosh",
+    "losses.binary_crossentropy", "losses.categorical_crossentropy",
+    "losses.sparse_categorical_crossentropy", "losses.kl_divergence",
+    "losses.cosine_similarity", "losses.hinge", "losses.squared_hinge", "losses.poisson",
+    "losses.MeanSquaredError", "losses.Huber", "math.reduce_sum", "math.reduce_mean",
+    "math.squared_difference", "math.square", "math.pow", "math.abs", "math.sqrt",
+    "math.log", "math.exp", "reduce_sum", "reduce_mean", "reduce_max", "square", "pow", "abs",
+    "sqrt", "cast", "constant", "Variable", "matmul", "add", "subtract", "multiply", "divide",
+    "reshape", "transpose", "concat", "stack", "nn.l2_loss", "nn.softmax", "nn.relu",
+    "nn.sigmoid_cross_entropy_with_logits", "nn.softmax_cross_entropy_with_logits",
+    "keras.losses.mean_squared_error", "keras.losses.MeanSquaredError",
+    "metrics.mean_squared_error", "metrics.MeanSquaredError", "function", "print",
+)
+
+
+def figure3_constraint() -> Constraint:
+    """The v2 setting of Figure 3: "." + one of :data:`TF2_NAMES` + "("."""
+    return constraints.choice(["." + name for name in TF2_NAMES], terminators="(")
+
+
+def _text_logprob(lm: LanguageModel, prompt: list[int], text: str) -> float:
+    """log P(text | prompt) along the text's own tokenization (one batched model call)."""
+    full = lm.encode(FIGURE3_PROMPT + text)
+    if full[: len(prompt)] != prompt:  # the boundary merged: score text tokenized alone
+        full = prompt + lm.encode(text)
+    rows = lm.next_logprobs([tuple(full[:i]) for i in range(len(prompt), len(full))])
+    return float(sum(rows[i, t] for i, t in enumerate(full[len(prompt):])))
+
+
+def run_model_demo(
+    model: str | None = None,
+    backend: str = "auto",
+    device: str = "auto",
+    n: int = 10,
+    seed: int = 0,
+    out: TextIO | None = None,
+) -> None:
+    """The paper's Figure 3 on a real model: what unconstrained decoding, CD and AdapTrack
+    write after ``return tf`` when only TF 2 names are valid."""
+    out = out or sys.stdout
+    from .lm.load import load_model
+
+    started = time.perf_counter()
+    lm = load_model(model, backend=backend, device=device)
+    name = getattr(lm, "name", model) or "the default model"
+    print(f"model: {name} ({type(lm).__name__}, loaded in "
+          f"{time.perf_counter() - started:.1f} s)\n", file=out)
+    print("prompt (paper Figure 3):\n    " + FIGURE3_PROMPT.replace("\n", "\n    ") + "\n",
+          file=out)
+    print(f"constraint: '.' + one of {len(TF2_NAMES)} TensorFlow 2 API names + '('. The "
+          "model's\nintent in TF 1 is `tf.losses.mean_pairwise_squared_error`, which TF 2 "
+          "only has as\n`tf.compat.v1.losses.mean_pairwise_squared_error`.\n", file=out)
+    prompt = lm.encode(FIGURE3_PROMPT)
+    for label, text in (("v1 intent (invalid in TF 2)", V1_INTENT),
+                        ("v2 answer", V2_ANSWER)):
+        lp = _text_logprob(lm, prompt, text)
+        print(f"  P(`{text}` | prompt) = {math.exp(lp):.2e}   ({label})", file=out)
+    print(f"\n| method | greedy | {n} samples (count × text) | valid | lm_calls/sample |",
+          file=out)
+    print("|---|---|---|---|---|", file=out)
+    constraint = figure3_constraint()
+    show_progress = sys.stderr.isatty()
+    for method in ("unconstrained", "cd", "adaptrack"):
+        if show_progress:
+            print(f"  {method}…", end="\r", file=sys.stderr, flush=True)
+        kw = dict(method=method, max_new_tokens=24, seed=seed)
+        greedy = generate(lm, prompt, constraint, temperature=0, **kw).samples[0]
+        res = generate(lm, prompt, constraint, n=n, **kw)
+        counts = Counter(s.text for s in res.samples)
+        shown = ", ".join(f"{c} × `{t}`" for t, c in counts.most_common(4))
+        if len(counts) > 4:
+            shown += f", {len(counts) - 4} more"
+        valid = sum(s.valid for s in res.samples)
+        calls = sum(s.lm_requests for s in res.samples) / n
+        print(f"| {method} | `{greedy.text}` | {shown} | {valid}/{n} | {calls:.1f} |",
+              file=out, flush=True)
+    print("\nvalid: the text is '.' + a TF 2 name + '('. lm_calls/sample counts the prefixes "
+          "whose\ndistribution a sample used (paper Table 5).", file=out)

