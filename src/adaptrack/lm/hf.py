@@ -148,15 +148,16 @@ class TransformersLM(LanguageModel):
 
     def _batched_cache(self, sources: list[tuple[int, KV | None]], width: int) -> Any:
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
-        layers = []
-        num_layers = len(next(kv for _, kv in sources if kv is not None))
-        for layer in range(num_layers):
+        ref = next(kv for _, kv in sources if kv is not None)
+        cache = DynamicCache()
+        for layer in range(len(ref)):
             keys, values = [], []
             for n, kv in sources:
                 if kv is None or n == 0:
-                    ref = next(kv for _, kv in sources if kv is not None)[layer][0]
-                    k = v = ref.new_zeros((1, ref.shape[1], 0, ref.shape[3]))
+                    k = v = ref[layer][0].new_zeros((1, ref[layer][0].shape[1], 0,
+                                                     ref[layer][0].shape[3]))
                 else:
                     k, v = kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]
                 if n < width:  # left-pad to the common length; the mask hides the padding
@@ -164,11 +165,14 @@ class TransformersLM(LanguageModel):
                     k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
                 keys.append(k)
                 values.append(v)
-            if len(keys) == 1:
-                layers.append((keys[0], values[0]))
-            else:
-                layers.append((torch.cat(keys), torch.cat(values)))
-        return DynamicCache(ddp_cache_data=layers)
+            # Set the tensors directly: building the cache through ``update`` would copy
+            # every kept state once more.
+            kept = DynamicLayer()
+            kept.lazy_initialization(keys[0], values[0])
+            kept.keys = keys[0] if len(keys) == 1 else torch.cat(keys)
+            kept.values = values[0] if len(values) == 1 else torch.cat(values)
+            cache.layers.append(kept)
+        return cache
 
     def _keep(self, prefixes: list[Prefix], kept: list[int], new: list[Prefix], width: int,
               cache: Any, sources: list[Prefix]) -> None:

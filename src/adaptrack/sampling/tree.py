@@ -147,6 +147,12 @@ class PrefixTree:
         if not todo:
             return
         todo = list({id(n): n for n in todo}.values())
+        for node in todo:
+            if node.depth >= self.max_new_tokens:  # nothing may follow: no model call
+                node.expansion = Expansion(np.zeros(0), np.empty(0, dtype=np.int64))
+        todo = [n for n in todo if n.depth < self.max_new_tokens]
+        if not todo:
+            return
         logprobs = self.lm.next_logprobs([self.prompt + n.tokens for n in todo])
         self.lm_calls += len(todo)
         for node, row in zip(todo, logprobs, strict=True):
