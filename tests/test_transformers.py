@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch", reason="the transformers backend needs torc
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 
 import adaptrack as at  # noqa: E402
-from adaptrack.lm.hf import TransformersLM, _common_prefix  # noqa: E402
+from adaptrack.lm.base import common_prefix  # noqa: E402
+from adaptrack.lm.hf import TransformersLM  # noqa: E402
 
 
 def byte_tokenizer():
@@ -99,10 +100,10 @@ def test_reuse_feeds_only_new_tokens(tiny):
 
 
 def test_common_prefix():
-    assert _common_prefix((1, 2, 3), (1, 2, 4)) == 2
-    assert _common_prefix((1, 2), (1, 2, 4)) == 2
-    assert _common_prefix((5,), (1,)) == 0
-    assert _common_prefix(tuple(range(100)), (*range(37), -1)) == 37
+    assert common_prefix((1, 2, 3), (1, 2, 4)) == 2
+    assert common_prefix((1, 2), (1, 2, 4)) == 2
+    assert common_prefix((5,), (1,)) == 0
+    assert common_prefix(tuple(range(100)), (*range(37), -1)) == 37
 
 
 @pytest.mark.parametrize("method", ["unconstrained", "cd", "asap", "adaptrack", "exact"])

@@ -13,6 +13,23 @@ from ..tokenization.vocab import Vocabulary
 Prefix = tuple[int, ...]
 
 
+def common_prefix(a: Prefix, b: Prefix) -> int:
+    """Length of the common prefix of two token tuples, by binary search over C-speed
+    tuple comparisons (backends match a request against the prefixes whose KV they keep).
+
+    >>> common_prefix((1, 2, 3), (1, 2, 4))
+    2
+    """
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
 class LanguageModel(ABC):
     """A next-token model over a byte-level vocabulary.
 

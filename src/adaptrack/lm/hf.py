@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..tokenization.vocab import Vocabulary
-from .base import LanguageModel, Prefix
+from .base import LanguageModel, Prefix, common_prefix
 
 try:
     import torch
@@ -28,21 +28,6 @@ except ImportError:  # pragma: no cover - the error is raised by load_model
     torch = None  # type: ignore[assignment]
 
 KV = list[tuple[Any, Any]]  # per layer (keys, values), each (1, heads, length, head_dim)
-
-
-def _common_prefix(a: Prefix, b: Prefix) -> int:
-    """Length of the common prefix, by binary search over C-speed tuple comparisons."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class TransformersLM(LanguageModel):
@@ -105,7 +90,7 @@ class TransformersLM(LanguageModel):
         best, best_kv, best_tokens = 0, None, ()
         if self.reuse:
             for tokens, kv in self._states.items():
-                n = _common_prefix(tokens, prefix)
+                n = common_prefix(tokens, prefix)
                 if n > best:
                     best, best_kv, best_tokens = n, kv, tokens
         return min(best, len(prefix) - 1), best_kv, best_tokens

@@ -39,21 +39,9 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..tokenization.vocab import Vocabulary
-from .base import LanguageModel, Prefix
+from .base import LanguageModel, Prefix, common_prefix
 
 INSTALL_HINT = "pip install 'adaptrack[llamacpp]' (builds llama-cpp-python from source, ~6 min)"
-
-
-def _common_prefix(a: Prefix, b: Prefix) -> int:
-    """Length of the common prefix, by binary search over C-speed tuple comparisons."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
-    return lo
 
 
 def _free(ll: Any, model: Any, ctx: Any) -> None:
@@ -203,7 +191,7 @@ class LlamaCppLM(LanguageModel):
         ll, mem = self._ll, self._mem
         best, key = 0, (-1, False)
         for s, toks in enumerate(self._slots):
-            n = _common_prefix(toks, p) if self._rewind else 0
+            n = common_prefix(toks, p) if self._rewind else 0
             k = (min(n, len(p) - 1), s not in claimed and n == len(toks))  # longest, then in place
             if k > key:
                 best, key = s, k
