@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
 from adaptrack.constraints import Anything, Choice, Constraint, Matcher, choice
@@ -330,15 +331,7 @@ HEADER = ("| method | model | constraint | samples | tokens | ms/token total "
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_name()
     ram = ""
     try:
         ram = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM"
@@ -347,12 +340,6 @@ def machine() -> str:
     return (f"{cpu}, {os.cpu_count()} logical CPUs{ram}; Python {platform.python_version()}, "
             f"numpy {np.__version__}, adaptrack {at.__version__}")
 
-
-def load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def stopwatch(fn: Callable[[], T]) -> tuple[T, float]:

@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import statistics
 import time
 from typing import Any
 
 import numpy as np
+from machine import cpu_name  # benchmarks/machine.py (the script's directory)
 
 from adaptrack.lm.default import default_gguf
 from adaptrack.lm.llamacpp import LlamaCppLM
@@ -176,7 +176,7 @@ def main() -> None:
     a_ms, own_ms, b_ms, batch_ms, seq_ms = (statistics.median(t) * 1e3
                                             for t in (a, own, b, batch, seq))
 
-    print(f"llama-cpp-python {llama_cpp.__version__}, {platform.processor() or platform.machine()}"
+    print(f"llama-cpp-python {llama_cpp.__version__}, {cpu_name()}"
           f", {os.cpu_count()} cores, threads={args.threads}, prompt {len(prompt)} tokens, "
           f"{args.tokens} steps x {args.repeats} repeats (median), load average "
           f"{os.getloadavg()[0]:.1f}; same sampled tokens in (a) and (b): {same}\n")

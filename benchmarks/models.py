@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
 from adaptrack.demo import FIGURE3_PROMPT, figure3_constraint
@@ -68,27 +69,13 @@ FREE_TOKENS = 32
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_name()
     import transformers
 
     return (f"{cpu}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, "
             f"torch {torch.__version__}, transformers {transformers.__version__}, "
             f"numpy {np.__version__}, adaptrack {at.__version__}")
 
-
-def load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def caption(title: str, started: str) -> None:
