@@ -52,7 +52,9 @@ class Sample:
 @dataclass
 class GenerationResult:
     """Samples plus stats: ``lm_calls`` (distinct prefixes the model evaluated),
-    ``tree_nodes``, ``backtracks``, ``restarts``, ``incomplete`` and ``seconds``."""
+    ``tree_nodes``, ``evictions``, ``backtracks``, ``restarts``, ``incomplete``,
+    ``seconds``, and the constraint's own counters (a predicate adds ``checks``,
+    ``check_timeouts`` and ``check_seconds``)."""
 
     samples: list[Sample]
     stats: dict[str, float] = field(default_factory=dict)
@@ -190,6 +192,7 @@ def generate(
         "restarts": sampler.restarts,
         "incomplete": sum(not s.complete for s in samples),
         "seconds": time.perf_counter() - started,
+        **matcher.stats(),
     }
     return GenerationResult(samples, stats)  # type: ignore[arg-type]
 

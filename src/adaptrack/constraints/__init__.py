@@ -2,6 +2,8 @@
 
 from .base import DONE, Anything, Constraint, Matcher, State
 from .choice import Choice, choice
+from .compose import AllOf, all_of
+from .predicate import Predicate, predicate
 
 
 def anything(terminators: str | bytes | None = None) -> Anything:
@@ -9,4 +11,17 @@ def anything(terminators: str | bytes | None = None) -> Anything:
     return Anything(terminators)
 
 
-__all__ = ["DONE", "Anything", "Choice", "Constraint", "Matcher", "State", "anything", "choice"]
+__all__ = [
+    "DONE",
+    "AllOf",
+    "Anything",
+    "Choice",
+    "Constraint",
+    "Matcher",
+    "Predicate",
+    "State",
+    "all_of",
+    "anything",
+    "choice",
+    "predicate",
+]

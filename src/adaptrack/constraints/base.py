@@ -8,7 +8,8 @@ immutable values stored in the prefix tree, so moving between branches costs not
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -53,6 +54,10 @@ class Matcher(ABC):
     #: Bytes that end a sequence where the text is accepted; the text after the first one in
     #: the last token is cut off. Empty: sequences end with EOS.
     terminators: bytes = b""
+    #: True when ``allowed``/``finishing`` list candidates only and each must still pass
+    #: ``advance`` (Python predicates): the prefix tree then checks them in probability order
+    #: with the validity-aware top-p cutoff instead of taking the mask as it is.
+    lazy: bool = False
 
     @abstractmethod
     def start(self) -> State: ...
@@ -74,6 +79,15 @@ class Matcher(ABC):
     def forced_bytes(self, state: State) -> bytes:
         """Bytes every valid continuation starts with (fast-forward uses them)."""
         return b""
+
+    def stats(self) -> dict[str, float]:
+        """Counters ``generate`` adds to its stats (checks made, timeouts, …)."""
+        return {}
+
+    @contextmanager
+    def checking(self) -> Iterator[None]:
+        """Context for a scan of many ``advance`` checks (a lazy matcher may set up once)."""
+        yield
 
     def accepts(self, tokens: Iterable[int]) -> bool:
         """Whether ``tokens`` form a complete, valid sequence (a check for any method's output)."""

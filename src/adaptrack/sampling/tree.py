@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -92,6 +93,29 @@ def nucleus(probs: np.ndarray, valid: np.ndarray, top_p: float) -> np.ndarray:
     over = np.flatnonzero(ratio > top_p)
     stop = over[0] + 1 if len(over) else len(order)
     return np.sort(order[:stop][is_valid[:stop]])
+
+
+def checked_nucleus(
+    probs: np.ndarray, candidates: np.ndarray, check: Callable[[int], bool], top_p: float
+) -> np.ndarray:
+    """:func:`nucleus` for a lazy matcher: validity is asked token by token, most probable
+    first, and asking stops at the cutoff (paper §6.3), so with ``top_p < 1`` most of the
+    vocabulary is never checked. Tokens outside ``candidates`` are invalid without asking."""
+    order = np.argsort(-probs, kind="stable")
+    order = order[probs[order] > 0]
+    ranked = probs[order]
+    unchecked = np.clip(1.0 - np.cumsum(ranked), 0.0, None)
+    is_candidate = np.zeros(len(probs), dtype=bool)
+    is_candidate[candidates] = True
+    valid: list[int] = []
+    known_valid = 0.0
+    for i, tok in enumerate(order.tolist()):
+        if is_candidate[tok] and check(tok):
+            valid.append(tok)
+            known_valid += ranked[i]
+        if known_valid > 0 and known_valid / (known_valid + unchecked[i]) > top_p:
+            break
+    return np.asarray(sorted(valid), dtype=np.int64)
 
 
 class PrefixTree:
@@ -191,13 +215,21 @@ class PrefixTree:
         np.exp(probs, out=probs)
         probs /= probs.sum()
         last = self.restrict_length and node.depth == self.max_new_tokens - 1
+        matcher, state = self.matcher, node.state
         if node.depth >= self.max_new_tokens:
             valid = np.empty(0, dtype=np.int64)
         elif last:
-            valid = self.matcher.finishing(node.state)
+            valid = matcher.finishing(state)
         else:
-            valid = self.matcher.allowed(node.state)
-        if self.top_p < 1.0 and len(valid):
+            valid = matcher.allowed(state)
+        if matcher.lazy and len(valid):
+            def check(tok: int) -> bool:
+                after = matcher.advance(state, tok)
+                return after is not None and (not last or matcher.is_complete(after))
+
+            with matcher.checking():
+                valid = checked_nucleus(probs, valid, check, self.top_p)
+        elif self.top_p < 1.0 and len(valid):
             valid = nucleus(probs, valid, self.top_p)
         return Expansion(probs, valid)
 
