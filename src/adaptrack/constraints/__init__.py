@@ -3,6 +3,7 @@
 from .base import DONE, Anything, Constraint, Matcher, State
 from .choice import Choice, choice
 from .compose import AllOf, all_of
+from .grammar import Grammar, gbnf, json_schema, lark, regex
 from .predicate import Predicate, predicate
 
 
@@ -17,11 +18,16 @@ __all__ = [
     "Anything",
     "Choice",
     "Constraint",
+    "Grammar",
     "Matcher",
     "Predicate",
     "State",
     "all_of",
     "anything",
     "choice",
+    "gbnf",
+    "json_schema",
+    "lark",
     "predicate",
+    "regex",
 ]

@@ -1,0 +1,341 @@
+"""Grammar constraints through llguidance (constraints/grammar.py, design.md §2).
+
+Masks are checked against llguidance's own token checks and against brute force over the
+decoded text; the binary problem as a grammar must give the choice version's distribution.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llguidance", reason="grammar constraints run on llguidance")
+from llguidance import LLMatcher
+
+import adaptrack as at
+from adaptrack.constraints import DONE
+from adaptrack.constraints.grammar import (
+    GrammarMatcher,
+    gbnf,
+    json_schema,
+    lark,
+    ll_vocab,
+    regex,
+)
+from adaptrack.toy import hashed_weights
+
+# Multi-byte tokens that span lexemes ('{"', '":', '",', '1,', '[1'); two EOS ids, one other
+# special token and ids past the tokenizer.
+JSON_TOKENS = [b"{", b"}", b'"', b"{\"", b'":', b'",', b'"}', b"a", b"b", b"ab", b"ba", b"1",
+               b"2", b"12", b"1,", b"-", b".", b",", b":", b" ", b", ", b"[", b"]", b"[1",
+               b"true", b"tr", b"ue", b"null", b"x", b"e", b"\n", b"a\"", None, None, None]
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+        "ab": {"type": "string", "maxLength": 3},
+    },
+    "required": ["a"],
+    "additionalProperties": False,
+}
+
+LARK = r"""
+start: item ("," item)*
+item: NUM | "[" start "]" | "x"
+NUM: /-?[0-9]+/
+%ignore " "
+"""
+
+
+def toy_vocab() -> at.Vocabulary:
+    # ids 32, 33, 34 are special; 33 and 34 are EOS; the model's width is 40 (padded).
+    return at.Vocabulary(JSON_TOKENS, eos_ids=[33, 34], size=40)
+
+
+def reference(m: GrammarMatcher) -> LLMatcher:
+    """A plain llguidance matcher on the same grammar and tokenizer."""
+    return LLMatcher(m.ll.tokenizer, m.grammar.lark_text, log_level=0)
+
+
+def check_against_llguidance(m: GrammarMatcher, state: tuple, ref: LLMatcher) -> None:
+    """At ``state``: token in our mask ⇔ llguidance accepts it (``ref`` is at ``state``)."""
+    vocab = m.vocab
+    allowed = set(m.allowed(state).tolist())
+    assert list(m.allowed(state)) == sorted(allowed) and m.allowed(state).dtype == np.int64
+    accepting = ref.is_accepting()
+    for tok in range(vocab.size):
+        if vocab.is_eos(tok):
+            ok = accepting
+        elif vocab.bytes_of(tok):
+            ok = ref.validate_tokens([tok]) == 1
+            copy = ref.deep_copy()
+            assert (copy.try_consume_tokens([tok]) == 1) == ok
+        else:
+            ok = False  # special tokens and ids past the tokenizer
+        assert (tok in allowed) == ok, (state, tok, vocab.bytes_of(tok))
+        assert (m.advance(state, tok) is not None) == ok
+    assert set(m.finishing(state).tolist()) == (set(vocab.eos_ids.tolist()) if accepting
+                                                else set())
+    if ref.is_stopped():
+        assert allowed == set(vocab.eos_ids.tolist())  # design.md §2: EOS only
+
+
+@pytest.mark.parametrize("grammar", [
+    regex(r"(ab|ba)+(1|12)?|-?[0-9]{1,3}(\.[0-9]+)?"),
+    json_schema(SCHEMA),
+    lark(LARK),
+], ids=["regex", "json_schema", "lark"])
+def test_masks_agree_with_llguidance_on_random_walks(grammar):
+    m = grammar.bind(toy_vocab())
+    seen = set()
+    for seed in range(4):  # one matcher throughout: its cursor jumps between all branches
+        rng = random.Random(seed)
+        made = [m.start()]
+        for _ in range(30):  # steps that branch and back up, like the samplers
+            state = made[rng.randrange(len(made))] if rng.random() < 0.3 else made[-1]
+            ref = reference(m)
+            assert ref.consume_tokens(list(state))
+            check_against_llguidance(m, state, ref)
+            seen.add("accepting" if ref.is_accepting() else "not accepting")
+            text = [t for t in m.allowed(state).tolist() if not m.vocab.is_eos(t)]
+            if not text:
+                seen.add("stopped" if ref.is_accepting() else "dead end")
+                continue
+            made.append(m.advance(state, rng.choice(text)))
+        assert max(len(s) for s in made) >= 6
+    assert {"accepting", "not accepting"} <= seen
+
+
+def finite_language(pattern: str, alphabet: str, longest: int) -> set[bytes]:
+    words = ("".join(w) for n in range(longest + 1) for w in itertools.product(alphabet, repeat=n))
+    return {w.encode() for w in words if re.fullmatch(pattern, w)}
+
+
+def test_regex_masks_match_brute_force_over_text():
+    pattern = r"(ab|a)(ba|b)?1{0,2}"
+    language = finite_language(pattern, "ab1", 6)
+    vocab = at.Vocabulary([b"a", b"b", b"ab", b"ba", b"1", b"11", b"b1", b"aba", None],
+                          eos_ids=[8])
+    m = regex(pattern).bind(vocab)
+    seen = 0
+    # Every token sequence of length <= 4 whose text is a prefix of the language.
+    frontier = [m.start()]
+    while frontier:
+        state = frontier.pop()
+        text = vocab.decode(state)
+        expect = {t for t in range(8) if any(w.startswith(text + vocab.bytes_of(t))
+                                             for w in language)}
+        if text in language:
+            expect.add(8)
+        assert set(m.allowed(state).tolist()) == expect, text
+        assert m.finishing(state).tolist() == ([8] if text in language else [])
+        seen += 1
+        if len(state) < 4:
+            frontier.extend(m.advance(state, t) for t in expect if t != 8)
+    assert seen > 30
+
+
+BITS = ["00000"] + [f"1{i:04b}" for i in range(16)]
+BITS_LARK = 'start: "00000" | "1" BIT BIT BIT BIT\nBIT: "0" | "1"'
+BITS_GBNF = 'root ::= "00000" | "1" bit bit bit bit\nbit ::= [01]'
+
+
+def bits_lm() -> at.TableLM:
+    return at.TableLM([b"0", b"1", b"00", b"<eos>"], hashed_weights(4, b"bits"), eos=3)
+
+
+@pytest.mark.parametrize("make", [lambda: lark(BITS_LARK), lambda: gbnf(BITS_GBNF),
+                                  lambda: regex("00000|1[01]{4}")],
+                         ids=["lark", "gbnf", "regex"])
+def test_binary_problem_distribution_matches_choice(make):
+    lm = bits_lm()
+    want = at.exact_distribution(lm, [], at.constraints.choice(BITS), max_new_tokens=6)
+    got = at.exact_distribution(lm, [], make(), max_new_tokens=6)
+    assert got.keys() == want.keys()
+    for seq, p in want.items():
+        assert abs(got[seq] - p) < 1e-12
+    assert len(want) > 17  # several tokenizations of the same strings
+
+
+def test_every_method_returns_valid_json():
+    tokens = [b'{"a":', b"{", b'"a"', b":", b"1", b"2", b"}", b" ", b'"', b"a", b"<eos>"]
+    boost = [1, 1, 1, 1, 3, 3, 6, 1, 1, 1, 6]  # closing and EOS likely: CD finishes
+
+    def next_probs(prefix):
+        return [w * h for w, h in zip(boost, hashed_weights(11, b"json")(prefix), strict=True)]
+
+    lm = at.TableLM(tokens, next_probs, eos=10)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    c = json_schema(schema)
+    for method in at.METHODS:
+        res = at.generate(lm, [], c, method=method, n=6, seed=2, max_new_tokens=12)
+        assert len(res.samples) == 6
+        for s in res.samples:
+            if method == "unconstrained":
+                continue
+            if method == "cd" and not s.complete:
+                continue  # design.md §2: CD may run out of tokens
+            assert s.complete and s.valid, (method, s)
+            assert set(json.loads(s.text)) == {"a"}
+            assert c.bind(lm.vocab).accepts(s.tokens)
+
+
+def test_eos_ids_several_none_and_not_text():
+    two = at.Vocabulary([b"a", b"b", b"ab", None, None, None], eos_ids=[3, 5], size=8)
+    m = regex("ab?").bind(two)
+    s0 = m.start()
+    assert m.allowed(s0).tolist() == [0, 2] and m.finishing(s0).tolist() == []
+    assert m.advance(s0, 3) is None and m.advance(s0, 4) is None and m.advance(s0, 7) is None
+    s1 = m.advance(s0, 0)
+    assert m.allowed(s1).tolist() == [1, 3, 5] and m.finishing(s1).tolist() == [3, 5]
+    assert m.advance(s1, 3) is DONE and m.advance(s1, 5) is DONE
+    assert m.advance(s1, 4) is None  # special, not EOS
+    s2 = m.advance(s0, 2)  # "ab": the grammar is stopped, EOS is the only valid token
+    assert m.allowed(s2).tolist() == [3, 5] and m.finishing(s2).tolist() == [3, 5]
+    assert m.advance(s2, 0) is None and m.advance(DONE, 3) is None
+    assert m.allowed(DONE).tolist() == [] and m.is_complete(DONE)
+
+    none = at.Vocabulary([b"a", b"b", b"ab"])
+    m = regex("ab?").bind(none)
+    s1 = m.advance(m.start(), 0)
+    assert m.allowed(s1).tolist() == [1] and m.finishing(s1).tolist() == []
+    assert m.allowed(m.advance(m.start(), 2)).tolist() == []  # accepted, but nothing ends it
+
+    # An EOS id with bytes is EOS only, never text.
+    textual = at.Vocabulary([b"a", b"b"], eos_ids=[1])
+    m = regex("ab?").bind(textual)
+    s1 = m.advance(m.start(), 0)
+    assert m.allowed(s1).tolist() == [1] and m.advance(s1, 1) is DONE
+
+
+def test_dead_ends_have_empty_masks():
+    # After "a" the regex needs a digit and no token has one: nothing is valid, not even EOS.
+    vocab = at.Vocabulary([b"a", b"b", b"ab", None], eos_ids=[3])
+    m = regex(r"a\d|b").bind(vocab)
+    dead = m.advance(m.start(), 0)
+    assert m.allowed(dead).tolist() == [] and m.finishing(dead).tolist() == []
+    assert all(m.advance(dead, t) is None for t in range(4))
+    # llguidance's matcher breaks on a dead end; the next masks still work.
+    assert m.allowed(m.start()).tolist() == [0, 1]
+    assert m.allowed(m.advance(m.start(), 1)).tolist() == [3]
+    assert m.accepts([1, 3]) and not m.accepts([0, 1, 3])
+
+
+def test_forced_bytes_and_masks_not_shrunk_by_forcing():
+    vocab = at.Vocabulary([b"{", b'{"', b"n", b"name", b'":"', b'"', b":", b"x", b'"}', b"a",
+                           b"me", None], eos_ids=[11])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "required": ["name"], "additionalProperties": False,
+              "x-guidance": {"whitespace_flexible": False}}
+    m = json_schema(schema).bind(vocab)
+    s0 = m.start()
+    assert m.forced_bytes(s0) == b'{"name":"'
+    # Every token that fits the forced bytes stays valid (llguidance would force just one).
+    assert m.allowed(s0).tolist() == [0, 1]
+    s_n = m.advance(m.advance(s0, 1), 2)  # '{"n'
+    assert m.forced_bytes(s_n) == b'ame":"'
+    assert m.allowed(s_n).tolist() == [9]
+    assert m.advance(s_n, 2) is None and m.advance(s_n, 3) is None
+    s = m.advance(m.advance(m.advance(s0, 1), 3), 4)  # '{"name":"'
+    assert m.forced_bytes(s) == b""
+    assert set(m.allowed(s).tolist()) >= {2, 3, 5, 7, 8, 9, 10}
+    assert m.forced_bytes(DONE) == b""
+    assert regex("a|b").bind(vocab).forced_bytes(()) == b""
+    # Forcing ran on a copy: the masks after it are unchanged.
+    assert m.allowed(s0).tolist() == [0, 1]
+    assert m.accepts([1, 3, 4, 7, 8, 11]) and not m.accepts([1, 3, 4, 7, 8])
+
+
+def test_invalid_grammars_raise_value_error_at_construction():
+    with pytest.raises(ValueError, match=r"(?s)invalid regex: .*unclosed group"):
+        regex("a(b")
+    with pytest.raises(ValueError, match=r"(?s)invalid JSON schema: .*objectx"):
+        json_schema({"type": "objectx"})
+    with pytest.raises(ValueError, match=r"(?s)invalid JSON schema: .*'/nope' does not exist"):
+        json_schema({"properties": {"a": {"$ref": "#/nope"}}})
+    with pytest.raises(ValueError, match=r"(?s)invalid JSON schema: not JSON"):
+        json_schema("{not json")
+    with pytest.raises(ValueError, match=r'(?s)invalid Lark grammar: .*unknown name: "foo"'):
+        lark("start: foo")
+    with pytest.raises(ValueError, match=r"(?s)invalid GBNF grammar: .*end of input"):
+        gbnf('root ::= "a')
+    with pytest.raises(ValueError, match=r"invalid GBNF grammar: Rule 'undefined-rule' not found"):
+        gbnf("root ::= undefined-rule")
+
+
+def test_gbnf_and_string_schema():
+    m = gbnf('root ::= "1" [01]*').bind(at.Vocabulary([b"0", b"1", b"10", None], eos_ids=[3]))
+    assert m.allowed(()).tolist() == [1, 2] and m.accepts([2, 0, 3])
+    c = json_schema('{"type": "integer"}')
+    m = c.bind(at.Vocabulary([b"1", b"-", b"x", None], eos_ids=[3]))
+    assert m.allowed(()).tolist() == [0, 1] and m.accepts([1, 0, 3])
+
+
+def test_tokenizer_cached_per_vocabulary_and_stats():
+    vocab = toy_vocab()
+    assert ll_vocab(vocab) is ll_vocab(vocab)
+    a, b = regex("a+").bind(vocab), lark(LARK).bind(vocab)
+    assert a.ll is b.ll
+    a.allowed(a.start())
+    a.allowed(a.start())  # cached
+    assert a.stats()["grammar_masks"] == 1
+
+
+# --- the default model's vocabulary (49 152 tokens) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_vocab():
+    """SmolLM2's vocabulary from the converted tokenizer (≈0.4 s); skipped if not set up."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from adaptrack.lm.default import GGUF_NAME, cache_dir
+    from adaptrack.tokenization.hf import vocabulary
+
+    stem = Path(GGUF_NAME).stem
+    found = sorted((cache_dir() / "converted").glob(f"{stem}-*/tokenizer.json"))
+    if not found:
+        pytest.skip("the default model is not set up and converted (run `adaptrack setup`)")
+    config = json.loads((found[0].parent / "config.json").read_text())
+    tok = tokenizers.Tokenizer.from_file(str(found[0]))
+    return vocabulary(tok, config["vocab_size"], config=config)
+
+
+def test_default_vocabulary_masks(smol_vocab):
+    vocab = smol_vocab
+    assert vocab.size == 49152 and vocab.eos_ids.tolist() == [2]
+    m = json_schema(SCHEMA).bind(vocab)
+    rng = random.Random(0)
+    state = m.start()
+    for _ in range(25):
+        ref = reference(m)
+        assert ref.consume_tokens(list(state))
+        ids = m.allowed(state)
+        want = np.flatnonzero(np.unpackbits(np.frombuffer(ref.compute_bitmask(), np.uint8),
+                                             bitorder="little")[: vocab.size])
+        specials = [i for i in range(17) if i != 2]
+        assert ids.tolist() == [i for i in want.tolist() if i not in specials]
+        assert all(vocab.bytes_of(t) for t in ids.tolist() if t != 2)
+        text = [t for t in ids.tolist() if t != 2]
+        if not text:
+            break
+        state = m.advance(state, rng.choice(text))
+    text = vocab.decode(state)
+    assert text.startswith(b"{")
+
+
+def test_default_vocabulary_generate_lark(smol_vocab):
+    # A TableLM over the real vocabulary, uniform: exercise the samplers end to end.
+    lm = at.TableLM([b if b else b"<s>" for b in smol_vocab.token_bytes],
+                    lambda prefix: np.ones(smol_vocab.size), eos=2)
+    res = at.generate(lm, [], lark('start: "yes" | "no" | "maybe"'), method="exact", n=4,
+                      seed=0, max_new_tokens=6)
+    assert all(s.valid and s.text in {"yes", "no", "maybe"} for s in res.samples)
