@@ -191,7 +191,77 @@ def test_empty_constraint_file(capsys, loads, tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("\n  \n\n")
     code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", str(path))
-    assert_usage_error(code, out, err, "has no choices")
+    assert_usage_error(code, out, err, "has no entries")
+    assert loads == []
+
+
+def _texts(out: str) -> list[str]:
+    return [s["text"] for s in json.loads(out)["samples"]]
+
+
+@pytest.mark.parametrize(
+    "option, content, valid",
+    [
+        ("--regex", "(ab)+", lambda t: t in {"ab", "abab", "ababab"}),
+        ("--json-schema", '{"enum": ["a", "b"]}', lambda t: t in {'"a"', '"b"'}),
+        ("--lark", 'start: "a" "b"* "("', lambda t: t.startswith("a") and t.endswith("(")),
+        ("--gbnf", 'root ::= "b" "a"+', lambda t: t.startswith("ba")),
+        ("--api-names", "ab\nba.a\n", lambda t: t[:-1] in {".ab", ".ba.a"} and t[-1] in '("'),
+    ],
+)
+def test_generate_each_constraint_kind(capsys, monkeypatch, tmp_path, option, content, valid):
+    lm = tiny_lm()
+    lm.vocab = adaptrack.Vocabulary([b"a", b"b", b"(", None, b'"', b"."], eos_ids=[3])
+    lm.next_probs = lambda prefix: [3, 2, 1, 1, 1, 1]
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: lm)
+    value = content
+    if option != "--regex":
+        path = tmp_path / "c.txt"
+        path.write_text(content.replace("\\n", "\n"))
+        value = str(path)
+    code, out, err = run(capsys, "generate", "--prompt", "a", option, value, "-n", "6",
+                         "--seed", "0", "--json", "--max-new-tokens", "8")
+    assert code == 0, err
+    texts = _texts(out)
+    assert len(texts) == 6 and all(valid(t) for t in texts), texts
+
+
+def test_generate_api_module(capsys, tmp_path, monkeypatch):
+    (tmp_path / "tinyapi.py").write_text("def ab(): pass\nba = 1\n_hidden = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    vocab = adaptrack.Vocabulary([b"a", b"b", b"(", None, b"."], eos_ids=[3])
+    lm = tiny_lm()
+    lm.vocab, lm.next_probs = vocab, (lambda prefix: [3, 2, 1, 1, 1])
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: lm)
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--api-module", "tinyapi",
+                         "-n", "5", "--seed", "0", "--json")
+    assert code == 0, err
+    assert set(_texts(out)) <= {".ab(", ".ba("}
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--regex", "(a"], "invalid regex"),
+        (["--regex", "a", "--terminators", "("], "--terminators applies to --choices"),
+        (["--regex", "a", "--lark", "x"], "not allowed with argument"),
+        (["--api-module", "no_such_module_xyz"], "no_such_module_xyz"),
+    ],
+)
+def test_bad_constraint_options(capsys, loads, extra, fragment):
+    code, out, err = run(capsys, "generate", "--prompt", "a", *extra)
+    assert_usage_error(code, out, err, fragment)
+    assert loads == []
+
+
+def test_invalid_grammar_files(capsys, loads, tmp_path):
+    for option, text, fragment in [("--json-schema", "{not json", "invalid JSON schema"),
+                                   ("--lark", "start: (", "invalid Lark grammar"),
+                                   ("--gbnf", "root ::= (", "invalid GBNF grammar")]:
+        path = tmp_path / "g.txt"
+        path.write_text(text)
+        code, out, err = run(capsys, "generate", "--prompt", "a", option, str(path))
+        assert_usage_error(code, out, err, fragment)
     assert loads == []
 
 

@@ -79,8 +79,8 @@ def _build_parser() -> _Parser:
 
     gen = sub.add_parser(
         "generate", help="sample continuations of a prompt under a constraint",
-        description="Sample continuations of a prompt, optionally constrained to a list of "
-                    "choices.",
+        description="Sample continuations of a prompt, optionally constrained: choices, API "
+                    "names, a regex, a JSON schema or a grammar.",
     )
     gen.add_argument("--model", metavar="SPEC",
                      help="a .gguf path, a Hugging Face model id or a local model directory "
@@ -94,12 +94,26 @@ def _build_parser() -> _Parser:
     prompt.add_argument("--prompt-file", metavar="PATH",
                         help="read the prompt from a file, used verbatim (a final newline "
                              "included); '-' reads stdin")
-    gen.add_argument("--constraint", metavar="PATH",
-                     help="a file of choices, one string per line (blank lines ignored): the "
-                          "output must be one of them; without it the output is unconstrained")
+    kinds = gen.add_argument_group(
+        "constraint (at most one; without one the output is unconstrained)"
+    ).add_mutually_exclusive_group()
+    kinds.add_argument("--constraint", "--choices", metavar="PATH", dest="constraint",
+                       help="a file of choices, one string per line (blank lines ignored): "
+                            "the output must be one of them")
+    kinds.add_argument("--api-names", metavar="PATH",
+                       help="a file of dotted API names, one per line: the output is '.' + "
+                            "one of them + a character that cannot continue a name, e.g. '('")
+    kinds.add_argument("--api-module", metavar="MODULE",
+                       help="like --api-names, with the public names of an installed module "
+                            "(e.g. numpy): only APIs that exist in your version")
+    kinds.add_argument("--regex", metavar="PATTERN", help="the output must match PATTERN")
+    kinds.add_argument("--json-schema", metavar="PATH",
+                       help="the output must be JSON valid under the schema in PATH")
+    kinds.add_argument("--lark", metavar="PATH", help="the output must match a Lark grammar")
+    kinds.add_argument("--gbnf", metavar="PATH", help="the output must match a GBNF grammar")
     gen.add_argument("--terminators", metavar="CHARS",
-                     help="characters that end the output, e.g. '(' (kept in the text); also "
-                          "without --constraint; in bash, $'\\n' is a newline")
+                     help="characters that end the output, e.g. '(' (kept in the text), with "
+                          "--choices or without a constraint; in bash, $'\\n' is a newline")
     gen.add_argument("--method", choices=list(METHODS), default="adaptrack",
                      help="sampling method (default: adaptrack)")
     gen.add_argument("-n", type=_positive_int, default=1, help="number of samples (default: 1)")
@@ -150,14 +164,43 @@ def _read_text(path: str, what: str) -> str:
         raise _UsageError(f"{what} {path!r} is not UTF-8 text: {err.reason}") from None
 
 
-def _constraint(args: argparse.Namespace) -> constraints.Constraint | None:
-    if args.constraint is None:
-        return None if args.terminators is None else constraints.anything(args.terminators)
-    lines = _read_text(args.constraint, "constraint file").splitlines()
-    strings = [line for line in lines if line.strip()]
+def _lines(path: str, what: str) -> list[str]:
+    strings = [line for line in _read_text(path, what).splitlines() if line.strip()]
     if not strings:
-        raise _UsageError(f"constraint file {args.constraint!r} has no choices (it is empty)")
-    return constraints.choice(strings, terminators=args.terminators)
+        raise _UsageError(f"{what} {path!r} has no entries (it is empty)")
+    return strings
+
+
+def _constraint(args: argparse.Namespace) -> constraints.Constraint | None:
+    grammar_given = [k for k in ("api_names", "api_module", "regex", "json_schema", "lark",
+                                 "gbnf") if getattr(args, k) is not None]
+    if grammar_given and args.terminators is not None:
+        option = "--" + grammar_given[0].replace("_", "-")
+        raise _UsageError(f"--terminators applies to --choices or no constraint, not {option}")
+    if args.constraint is not None:
+        return constraints.choice(_lines(args.constraint, "constraint file"),
+                                  terminators=args.terminators)
+    if args.api_names is not None:
+        return constraints.api_names(
+            [line.strip() for line in _lines(args.api_names, "API names file")])
+    if args.api_module is not None:
+        try:
+            found = constraints.from_module(args.api_module)
+        except ImportError as err:
+            raise _UsageError(f"cannot import module {args.api_module!r}: {err}") from None
+        for where, error in found.errors:
+            print(f"adaptrack: warning: {where}: {error}", file=sys.stderr)
+        if not found.names:
+            raise _UsageError(f"module {args.api_module!r} has no public names to complete")
+        return found
+    if args.regex is not None:
+        return constraints.regex(args.regex)
+    for kind, build in (("json_schema", constraints.json_schema), ("lark", constraints.lark),
+                        ("gbnf", constraints.gbnf)):
+        path = getattr(args, kind)
+        if path is not None:
+            return build(_read_text(path, kind.replace("_", " ") + " file"))
+    return None if args.terminators is None else constraints.anything(args.terminators)
 
 
 def _progress(n: int) -> tuple[Callable[[Sample], None] | None, Callable[[], None]]:

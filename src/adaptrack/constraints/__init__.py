@@ -1,5 +1,6 @@
 """Constraints: what text is valid (design.md §4). Every method takes any of them."""
 
+from .api import API_TERMINATORS, ApiNames, api_names, from_module
 from .base import DONE, Anything, Constraint, Matcher, State
 from .choice import Choice, choice
 from .compose import AllOf, all_of
@@ -13,9 +14,11 @@ def anything(terminators: str | bytes | None = None) -> Anything:
 
 
 __all__ = [
+    "API_TERMINATORS",
     "DONE",
     "AllOf",
     "Anything",
+    "ApiNames",
     "Choice",
     "Constraint",
     "Grammar",
@@ -24,7 +27,9 @@ __all__ = [
     "State",
     "all_of",
     "anything",
+    "api_names",
     "choice",
+    "from_module",
     "gbnf",
     "json_schema",
     "lark",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
+from typing import cast
 
 import numpy as np
 
@@ -55,12 +58,85 @@ def choice(
     return Choice(strings, terminators)
 
 
-class ChoiceMatcher(Matcher):
-    """States are string-trie nodes. Masks are computed once per trie node and cached."""
+class _VocabTables:
+    """Per-vocabulary arrays the choice matchers share (made once, kept while the vocabulary lives).
 
-    def __init__(self, choice: Choice, vocab: Vocabulary) -> None:
+    In the token trie's depth-first ``order``, the tokens ending at node ``t`` come first in
+    ``t``'s subtree, so both "tokens ending at ``t``" (``lo[t]:lo[t] + nend[t]``) and "tokens
+    starting with the path to ``t``" (``lo[t]:hi[t]``) are slices of ``order``
+    (:class:`~adaptrack.tokenization.vocab.TokenTrie` lists a node's own tokens on entry;
+    tests/test_choice_scale.py checks the masks against a brute-force reference).
+    """
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        trie = vocab.trie
+        span = np.asarray(trie.span, dtype=np.int64).reshape(-1, 2)
+        self.lo, self.hi = span[:, 0].copy(), span[:, 1].copy()
+        self.nend = np.fromiter((len(e) for e in trie.ends), dtype=np.int64, count=len(span))
+        self.order = trie.order
+        self.children = trie.children
+        self.size = vocab.size
+        # Tokens whose first byte is a terminator, per terminator set: (sorted ids, bool mask).
+        self.starting_with: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+    def tokens_starting_with(self, terminators: bytes) -> tuple[np.ndarray, np.ndarray]:
+        found = self.starting_with.get(terminators)
+        if found is None:
+            root = self.children[0]
+            mask = np.zeros(self.size, dtype=bool)
+            for b in terminators:
+                t = root.get(b)
+                if t is not None:
+                    mask[self.order[self.lo[t]:self.hi[t]]] = True
+            ids = np.flatnonzero(mask)
+            ids.flags.writeable = False
+            found = self.starting_with[terminators] = (ids, mask)
+        return found
+
+
+_TABLES: weakref.WeakKeyDictionary[Vocabulary, _VocabTables] = weakref.WeakKeyDictionary()
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
+
+def _tables(vocab: Vocabulary) -> _VocabTables:
+    found = _TABLES.get(vocab)
+    if found is None:
+        found = _TABLES[vocab] = _VocabTables(vocab)
+    return found
+
+
+def _gather(order: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``order[lo[0]:hi[0]] + order[lo[1]:hi[1]] + ...`` without a Python loop."""
+    counts = hi - lo
+    keep = counts > 0
+    lo, counts = lo[keep], counts[keep]
+    if not len(counts):
+        return _EMPTY
+    if len(counts) == 1:
+        return order[lo[0]:lo[0] + counts[0]]
+    ends = np.cumsum(counts)
+    # Position j of the output reads order[lo[k] + j - start[k]] for the range k it is in.
+    idx = np.repeat(lo - (ends - counts), counts) + np.arange(ends[-1])
+    return order[idx]
+
+
+class ChoiceMatcher(Matcher):
+    """States are string-trie nodes. Masks are computed per trie node, without a loop over
+    the vocabulary: the string trie and the token trie are walked together (the work is
+    proportional to the number of valid tokens, not the vocabulary), and the tokens that
+    start with a terminator, valid at every accepting node, are precomputed once per
+    vocabulary. Masks are cached, least recently used first out, up to ``cache_bytes``.
+    """
+
+    def __init__(self, choice: Choice, vocab: Vocabulary, cache_bytes: int = 64 << 20) -> None:
         self.c, self.vocab, self.terminators = choice, vocab, choice.terminators
-        self._masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._t = _tables(vocab)
+        self._is_term = [False] * 256
+        for b in self.terminators:
+            self._is_term[b] = True
+        self._masks: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._cache_bytes, self._cached_bytes = cache_bytes, 0
 
     def start(self) -> State:
         return 0
@@ -68,65 +144,112 @@ class ChoiceMatcher(Matcher):
     def _mask(self, node: int) -> tuple[np.ndarray, np.ndarray]:
         cached = self._masks.get(node)
         if cached is not None:
+            self._masks.move_to_end(node)
             return cached
-        c, trie = self.c, self.vocab.trie
-        valid: list[np.ndarray] = []
-        finishing: list[np.ndarray] = []
-        # Walk the string trie and the token trie together: a token is valid when its bytes
-        # stay inside the string trie, or leave it through a terminator at an accepting node.
+        result = self._compute(node)
+        self._masks[node] = result
+        self._cached_bytes += result[0].nbytes + result[1].nbytes
+        while self._cached_bytes > self._cache_bytes and len(self._masks) > 1:
+            _, (a, f) = self._masks.popitem(last=False)
+            self._cached_bytes -= a.nbytes + f.nbytes
+        return result
+
+    def _compute(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        c, tab, is_term = self.c, self._t, self._is_term
+        schildren, accepting, tchildren = c.children, c.accepting, tab.children
+        # Walk the string trie and the token trie together from (node, token root): a token
+        # is valid when its bytes stay inside the string trie (it ends at a visited token
+        # node), or leave it through a terminator at an accepting node (then every token
+        # below that terminator edge is valid and finishing). Each token node is visited at
+        # most once, so the pieces are disjoint.
+        visited: list[int] = []  # token nodes whose tokens end inside the string trie
+        through: list[int] = []  # token nodes reached by a terminator edge
         stack = [(node, 0)]
         while stack:
             s, t = stack.pop()
-            tchildren = trie.children[t]
-            for b, s_next in c.children[s].items():
-                t_next = tchildren.get(b)
-                if t_next is not None:
-                    valid.append(trie.ends[t_next])
-                    stack.append((s_next, t_next))
-            if c.accepting[s]:
-                for b in self.terminators:
-                    t_next = tchildren.get(b)
+            sc, tc = schildren[s], tchildren[t]
+            if len(sc) <= len(tc):
+                for b, s_next in sc.items():
+                    t_next = tc.get(b)
                     if t_next is not None:
-                        valid.append(trie.subtree(t_next))
-                        finishing.append(trie.subtree(t_next))
-        if c.accepting[node] and not self.terminators:
-            valid.append(self.vocab.eos_ids)
-            finishing.append(self.vocab.eos_ids)
-        empty = np.empty(0, dtype=np.int64)
-        result = (
-            np.unique(np.concatenate(valid)) if valid else empty,
-            np.unique(np.concatenate(finishing)) if finishing else empty,
-        )
-        self._masks[node] = result
-        return result
+                        visited.append(t_next)
+                        if tchildren[t_next]:
+                            stack.append((s_next, t_next))
+            else:
+                for b, t_next in tc.items():
+                    s_hit = sc.get(b)
+                    if s_hit is not None:
+                        visited.append(t_next)
+                        if tchildren[t_next]:
+                            stack.append((s_hit, t_next))
+            if t and accepting[s]:  # at t == 0 (only the start) the precomputed set serves
+                for b, t2 in tc.items():
+                    if is_term[b]:
+                        through.append(t2)
+        lo, hi, nend = tab.lo, tab.hi, tab.nend
+        v = np.asarray(visited, dtype=np.int64)
+        starts, stops = lo[v], lo[v] + nend[v]
+        if through:
+            th = np.asarray(through, dtype=np.int64)
+            ends = _gather(tab.order, lo[th], hi[th])
+            starts, stops = np.concatenate([starts, lo[th]]), np.concatenate([stops, hi[th]])
+        else:
+            ends = _EMPTY
+        valid = _gather(tab.order, starts, stops)
+        valid = np.sort(valid) if len(valid) > 1 else valid
+        finishing = np.sort(ends) if len(ends) > 1 else ends
+        if accepting[node]:
+            if self.terminators:
+                ids, mask = tab.tokens_starting_with(self.terminators)
+                valid, finishing = _merge(ids, mask, valid), _merge(ids, mask, finishing)
+            else:
+                eos = self.vocab.eos_ids  # special tokens: never among the token ids
+                valid = np.sort(np.concatenate([valid, eos]))
+                finishing = eos.copy()
+        for arr in (valid, finishing):  # cached and shared: nobody may change them
+            arr.flags.writeable = False
+        return valid, finishing
 
     def allowed(self, state: State) -> np.ndarray:
-        return self._mask(state)[0]
+        return _EMPTY if state is DONE else self._mask(cast(int, state))[0]
 
     def finishing(self, state: State) -> np.ndarray:
-        return self._mask(state)[1]
+        return _EMPTY if state is DONE else self._mask(cast(int, state))[1]
 
     def advance(self, state: State, token: int) -> State | None:
-        c = self.c
+        if state is DONE:
+            return None
+        node, c = cast(int, state), self.c
         if self.vocab.is_eos(token):
-            return DONE if c.accepting[state] and not self.terminators else None
+            return DONE if c.accepting[node] and not self.terminators else None
         data = self.vocab.bytes_of(token)
         if not data:
             return None
+        children, accepting, is_term = c.children, c.accepting, self._is_term
         for b in data:
-            nxt = c.children[state].get(b)
+            nxt = children[node].get(b)
             if nxt is not None:
-                state = nxt
-            elif c.accepting[state] and b in self.terminators:
+                node = nxt
+            elif accepting[node] and is_term[b]:
                 return DONE
             else:
                 return None
-        return state
+        return node
 
     def forced_bytes(self, state: State) -> bytes:
-        out = bytearray()
-        c = self.c
-        while len(c.children[state]) == 1 and not c.accepting[state]:
-            (b, state), = c.children[state].items()
+        if state is DONE:
+            return b""
+        node, c, out = cast(int, state), self.c, bytearray()
+        while len(c.children[node]) == 1 and not c.accepting[node]:
+            (b, node), = c.children[node].items()
             out.append(b)
         return bytes(out)
+
+
+def _merge(ids: np.ndarray, mask: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """The sorted union of a large precomputed id set (``ids``, as ``mask``) and ``extra``."""
+    if not len(extra):
+        return ids
+    both = mask.copy()
+    both[extra] = True
+    return np.flatnonzero(both)
