@@ -10,7 +10,6 @@ import itertools
 import json
 import random
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -293,24 +292,8 @@ def test_tokenizer_cached_per_vocabulary_and_stats():
 # --- the default model's vocabulary (49 152 tokens) --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smol_vocab():
-    """SmolLM2's vocabulary from the converted tokenizer (≈0.4 s); skipped if not set up."""
-    tokenizers = pytest.importorskip("tokenizers")
-    from adaptrack.lm.default import GGUF_NAME, cache_dir
-    from adaptrack.tokenization.hf import vocabulary
-
-    stem = Path(GGUF_NAME).stem
-    found = sorted((cache_dir() / "converted").glob(f"{stem}-*/tokenizer.json"))
-    if not found:
-        pytest.skip("the default model is not set up and converted (run `adaptrack setup`)")
-    config = json.loads((found[0].parent / "config.json").read_text())
-    tok = tokenizers.Tokenizer.from_file(str(found[0]))
-    return vocabulary(tok, config["vocab_size"], config=config)
-
-
-def test_default_vocabulary_masks(smol_vocab):
-    vocab = smol_vocab
+def test_default_vocabulary_masks(default_vocab):
+    vocab = default_vocab
     assert vocab.size == 49152 and vocab.eos_ids.tolist() == [2]
     m = json_schema(SCHEMA).bind(vocab)
     rng = random.Random(0)
@@ -332,10 +315,10 @@ def test_default_vocabulary_masks(smol_vocab):
     assert text.startswith(b"{")
 
 
-def test_default_vocabulary_generate_lark(smol_vocab):
+def test_default_vocabulary_generate_lark(default_vocab):
     # A TableLM over the real vocabulary, uniform: exercise the samplers end to end.
-    lm = at.TableLM([b if b else b"<s>" for b in smol_vocab.token_bytes],
-                    lambda prefix: np.ones(smol_vocab.size), eos=2)
+    lm = at.TableLM([b if b else b"<s>" for b in default_vocab.token_bytes],
+                    lambda prefix: np.ones(default_vocab.size), eos=2)
     res = at.generate(lm, [], lark('start: "yes" | "no" | "maybe"'), method="exact", n=4,
                       seed=0, max_new_tokens=6)
     assert all(s.valid and s.text in {"yes", "no", "maybe"} for s in res.samples)
