@@ -190,3 +190,17 @@ def test_errors(lm: LlamaCppLM, tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
     with pytest.raises(ModelLoadError, match=r"pip install 'adaptrack\[llamacpp\]'"):
         LlamaCppLM(junk)
+
+
+def test_logprobs_along_matches_fresh(path: str, fresh) -> None:
+    """Fast-forward's short prefill: one llama_decode with outputs at every forced position."""
+    lm = LlamaCppLM(path, n_ctx=512, n_threads=THREADS, max_slots=2)
+    prompt = tuple(lm.encode(PROMPT))
+    lm.next_logprobs([prompt])
+    forced = tuple(lm.encode(".reduce_sum("))
+    calls = lm.decode_calls
+    rows = lm.logprobs_along(prompt, forced)
+    assert lm.decode_calls == calls + 1
+    assert rows.shape == (len(forced) + 1, lm.vocab.size)
+    for i in range(len(forced) + 1):
+        assert close(rows[i], fresh(prompt + forced[:i]))

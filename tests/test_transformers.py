@@ -132,3 +132,21 @@ def test_empty_prompt_is_an_error(tiny):
     lm = TransformersLM(model, tok)
     with pytest.raises(ValueError, match="non-empty prompt"):
         lm.next_logprobs([()])
+
+
+def test_logprobs_along_is_one_forward_with_every_position(tiny):
+    """Fast-forward's short prefill: the rows equal fresh forwards, one pass, fed once."""
+    model, tok = tiny
+    lm = TransformersLM(model, tok)
+    prompt = tuple(range(10, 30))
+    lm.next_logprobs([prompt])
+    forced = (40, 41, 42, 43)
+    rows = lm.logprobs_along(prompt, forced)
+    assert rows.shape == (5, lm.vocab.size)
+    for i in range(5):
+        assert np.abs(rows[i] - fresh(model, list(prompt + forced[:i]))).max() < 1e-4
+    assert lm.forward_calls == 2
+    assert lm.fed_tokens == 20 + 1 + 4  # the prompt's last token again, for its output
+    after = lm.next_logprobs([(*prompt, *forced, 7)])  # the chain's state was kept
+    assert lm.fed_tokens == 26
+    assert np.abs(after[0] - fresh(model, [*prompt, *forced, 7])).max() < 1e-4

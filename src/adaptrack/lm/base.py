@@ -49,6 +49,36 @@ class LanguageModel(ABC):
     def _next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         """Next-token log-probabilities, shape ``(len(prefixes), vocab.size)``."""
 
+    def logprobs_along(self, prefix: Prefix, tokens: Sequence[int]) -> np.ndarray:
+        """Log-probs after ``prefix`` and after each extension of it by ``tokens``: row ``i``
+        is the distribution after ``prefix + tokens[:i]``, shape ``(len(tokens) + 1, V)``.
+
+        Fast-forward feeds forced tokens this way: backends override
+        :meth:`_logprobs_along` with one forward pass (a short prefill) instead of
+        ``len(tokens) + 1`` prefixes.
+        """
+        prefix, tokens = tuple(prefix), tuple(int(t) for t in tokens)
+        out = np.asarray(self._logprobs_along(prefix, tokens), dtype=np.float64)
+        if out.shape != (len(tokens) + 1, self.vocab.size):
+            raise ModelOutputError(
+                f"{type(self).__name__} returned scores of shape {out.shape}, expected "
+                f"({len(tokens) + 1}, {self.vocab.size})"
+            )
+        self.calls += len(tokens) + 1
+        return out
+
+    def _logprobs_along(self, prefix: Prefix, tokens: Prefix) -> np.ndarray:
+        return self._next_logprobs([prefix + tokens[:i] for i in range(len(tokens) + 1)])
+
+    def text_tokens(self, text: str) -> list[int]:
+        """Token ids of ``text`` without BOS or other special tokens: the canonical
+        tokenization fast-forward compares against."""
+        ids = self.encode(text)
+        start = 0
+        while start < len(ids) and not self.vocab.bytes_of(ids[start]):
+            start += 1
+        return ids[start:]
+
     def next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         """Normalized next-token log-probs for each full prefix (prompt ids included)."""
         out = np.asarray(self._next_logprobs(prefixes), dtype=np.float64)

@@ -83,20 +83,30 @@ class TransformersLM(LanguageModel):
             out[rows] = logprobs
         return out
 
-    def _source(self, prefix: Prefix) -> tuple[int, KV | None, Prefix]:
+    def _logprobs_along(self, prefix: Prefix, tokens: Prefix) -> np.ndarray:
+        if not prefix:
+            raise ValueError("the model needs at least one token of context: give a "
+                             "non-empty prompt")
+        with torch.inference_mode():
+            return self._forward([prefix + tokens], outputs=len(tokens) + 1)
+
+    def _source(self, prefix: Prefix, outputs: int = 1) -> tuple[int, KV | None, Prefix]:
         """The kept state sharing the longest prefix with ``prefix``: the shared length
-        (at most ``len(prefix) - 1``: the last token must be fed, its output is what we
-        want), the state, and its tokens."""
+        (at most ``len(prefix) - outputs``: the tokens whose outputs we want must be fed),
+        the state, and its tokens."""
         best, best_kv, best_tokens = 0, None, ()
         if self.reuse:
             for tokens, kv in self._states.items():
                 n = common_prefix(tokens, prefix)
                 if n > best:
                     best, best_kv, best_tokens = n, kv, tokens
-        return min(best, len(prefix) - 1), best_kv, best_tokens
+        return min(best, len(prefix) - outputs), best_kv, best_tokens
 
-    def _forward(self, prefixes: list[Prefix]) -> np.ndarray:
-        found = [self._source(p) for p in prefixes]
+    def _forward(self, prefixes: list[Prefix], outputs: int = 1) -> np.ndarray:
+        """Log-probs after each prefix; with one prefix and ``outputs`` > 1, after each of
+        its last ``outputs`` positions (one forward pass either way)."""
+        assert outputs == 1 or len(prefixes) == 1
+        found = [self._source(p, outputs) for p in prefixes]
         sources = [(n, kv) for n, kv, _ in found]
         kept = [n for n, _ in sources]
         new = [p[n:] for p, n in zip(prefixes, kept, strict=True)]
@@ -117,11 +127,11 @@ class TransformersLM(LanguageModel):
         if rows > 1:  # one row has no padding, so no mask
             kwargs["attention_mask"] = mask
         # Right padding: row r's last real token sits at index len(new[r]) - 1.
-        out = self.model(**kwargs, logits_to_keep=steps if rows > 1 else 1)
+        out = self.model(**kwargs, logits_to_keep=steps if rows > 1 else outputs)
         self.forward_calls += 1
         self.fed_tokens += sum(len(t) for t in new)
         if rows == 1:
-            logits = out.logits[:, -1]
+            logits = out.logits[0, -outputs:]
         else:
             last = torch.tensor([len(t) - 1 for t in new], device=dev)
             logits = out.logits[torch.arange(rows, device=dev), last]

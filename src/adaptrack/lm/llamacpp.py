@@ -185,14 +185,26 @@ class LlamaCppLM(LanguageModel):
                               for i in range(0, len(unique), self.max_slots)])
         return out if len(unique) == len(prefixes) else out[[rows[tuple(p)] for p in prefixes]]
 
-    def _claim(self, p: Prefix, claimed: list[int]) -> tuple[int, int]:
+    def _logprobs_along(self, prefix: Prefix, tokens: Prefix) -> np.ndarray:
+        full = prefix + tokens
+        if not prefix:
+            raise ValueError("the model needs at least one token of context: give a "
+                             "non-empty prompt")
+        if len(full) > self.n_ctx:
+            raise ValueError(f"a prefix of {len(full)} tokens exceeds the context size "
+                             f"n_ctx={self.n_ctx}; load the model with a larger n_ctx")
+        return self._decode([full], outputs=len(tokens) + 1)
+
+    def _claim(self, p: Prefix, claimed: list[int], outputs: int = 1) -> tuple[int, int]:
         """Pick the seq id for ``p`` and cut its KV to the part shared with ``p``; return
-        the seq id and the shared length (< len(p): the last token is always fed)."""
+        the seq id and the shared length (≤ len(p) - outputs: the tokens whose outputs we
+        want are always fed)."""
         ll, mem = self._ll, self._mem
         best, key = 0, (-1, False)
         for s, toks in enumerate(self._slots):
             n = common_prefix(toks, p) if self._rewind else 0
-            k = (min(n, len(p) - 1), s not in claimed and n == len(toks))  # longest, then in place
+            # the longest shared prefix first, then a slot that can grow in place
+            k = (min(n, len(p) - outputs), s not in claimed and n == len(toks))
             if k > key:
                 best, key = s, k
         n, in_place = key
@@ -208,13 +220,14 @@ class LlamaCppLM(LanguageModel):
         self._slots[seq], self._used[seq] = p[:n], next(self._clock)
         return seq, n
 
-    def _decode(self, chunk: list[Prefix]) -> np.ndarray:
-        """Log-probs after each prefix of ``chunk`` (at most ``max_slots``, distinct)."""
+    def _decode(self, chunk: list[Prefix], outputs: int = 1) -> np.ndarray:
+        """Log-probs after each prefix of ``chunk`` (at most ``max_slots``, distinct); with
+        one prefix and ``outputs`` > 1, after each of its last ``outputs`` positions."""
         ll = self._ll
         claimed: list[int] = []
         i = 0
         for p in chunk:
-            seq, n = self._claim(p, claimed)
+            seq, n = self._claim(p, claimed, outputs)
             claimed.append(seq)
             k = len(p) - n
             if i + k > self.n_ctx:  # cannot fit in the cache together: one at a time
@@ -223,7 +236,7 @@ class LlamaCppLM(LanguageModel):
             self._pos[i:i + k] = np.arange(n, len(p))
             self._seq_ptr[i:i + k] = self._seq_ids.ctypes.data + seq * self._seq_ids.itemsize
             self._logits[i:i + k] = 0
-            self._logits[i + k - 1] = 1
+            self._logits[i + k - outputs:i + k] = 1
             i += k
         fed = self._tok[:i]
         if fed.min() < 0 or fed.max() >= self.vocab.size:
@@ -247,7 +260,7 @@ class LlamaCppLM(LanguageModel):
         # Output rows come in batch order, one per prefix. The normalizer is computed in
         # float32 (summed in float64), which is twice as fast and changes results by ~1e-9.
         logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
-                                       shape=(len(chunk), self.vocab.size))
+                                       shape=(len(chunk) * outputs, self.vocab.size))
         top = logits.max(axis=1, keepdims=True)
         exp = np.exp(logits - top)
         lse = np.log(exp.sum(axis=1, keepdims=True, dtype=np.float64))
