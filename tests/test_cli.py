@@ -442,3 +442,18 @@ def test_broken_pipe_is_quiet(capsys, loads, monkeypatch):
     code, _, err = run(capsys, "generate", "--prompt", "a")
     assert code == 141
     assert err == ""
+
+
+def test_no_fast_forward(capsys, loads, tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("abab\n")
+    runs = {}
+    for extra in ([], ["--no-fast-forward"]):
+        code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", str(path),
+                             "--seed", "0", "--json", *extra)
+        assert code == 0, err
+        doc = json.loads(out)
+        assert [s["text"] for s in doc["samples"]] == ["abab"]
+        runs[bool(extra)] = doc["stats"]
+    assert runs[False]["forced_tokens"] > 0 and runs[True]["forced_tokens"] == 0
+    assert runs[False]["lm_calls"] < runs[True]["lm_calls"]

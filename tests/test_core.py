@@ -205,11 +205,19 @@ def test_unconstrained_ignores_the_constraint_and_reports_validity():
 def test_lm_calls_count_distinct_prefixes_shared_by_all_samples():
     lm, constraint, max_new = PROBLEMS["no_ab"]()
     before = lm.calls
-    res = at.generate(lm, [], constraint, method="cd", n=500, seed=0, max_new_tokens=max_new)
+    res = at.generate(lm, [], constraint, method="cd", n=500, seed=0, max_new_tokens=max_new,
+                      fast_forward=False)
     assert res.stats["lm_calls"] == lm.calls - before
     distinct_prefixes = {s.tokens[:k] for s in res.samples for k in range(len(s.tokens))}
     assert res.stats["lm_calls"] == len(distinct_prefixes)
     assert all(s.lm_requests == len(s.tokens) for s in res.samples)
+    # Fast-forward: a forced chain is one call however many prefixes it evaluates.
+    before = lm.calls
+    ff = at.generate(lm, [], constraint, method="cd", n=500, seed=0, max_new_tokens=max_new)
+    chain_prefixes = lm.calls - before - (ff.stats["lm_calls"] - ff.stats["ff_sequences"])
+    assert ff.stats["ff_sequences"] > 0
+    assert chain_prefixes == ff.stats["ff_sequences"] + ff.stats["forced_tokens"]
+    assert ff.stats["lm_calls"] < res.stats["lm_calls"]
 
 
 def test_backtrack_limits():

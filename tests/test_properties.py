@@ -257,6 +257,7 @@ def run_generate(problem: Problem, method: str, **kwargs) -> at.GenerationResult
     """``generate`` once; NoValidSequenceError is returned, anything else propagates."""
     with hang_guard(TIME_BOUND_S):
         try:
+            kwargs.setdefault("fast_forward", False)  # the unconditioned target
             return generate(problem.lm, list(problem.prompt), problem.constraint,
                             method=method, max_nodes=MAX_NODES, **kwargs)
         except NoValidSequenceError as err:
@@ -344,7 +345,7 @@ def test_every_method_keeps_its_contract(problem: Problem, max_new_tokens: int,
             dist = exact_distribution(problem.lm, list(problem.prompt), problem.constraint,
                                       max_new_tokens=max_new_tokens,
                                       temperature=ref_temperature, top_p=top_p,
-                                      max_nodes=MAX_NODES)
+                                      max_nodes=MAX_NODES, fast_forward=False)
         except NoValidSequenceError:
             dist = None
     # exact_distribution against the reference language.
@@ -423,7 +424,48 @@ def test_property_problems_exercise_both_outcomes(method: str) -> None:
     assert isinstance(result, at.GenerationResult)
     for sample in result.samples:
         check_sample(problem, method, sample, 3, 1.0,
-                     exact_distribution(problem.lm, [], problem.constraint, max_new_tokens=3))
+                     exact_distribution(problem.lm, [], problem.constraint, max_new_tokens=3,
+                                        fast_forward=False))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(problem=problems(), max_new_tokens=st.integers(1, 8),
+       temperature=st.sampled_from([0.0, 1.0]), seed=st.integers(0, 2**31 - 1),
+       data=st.data())
+def test_fast_forward_conditions_the_target(problem: Problem, max_new_tokens: int,
+                                            temperature: float, seed: int,
+                                            data: st.DataObject) -> None:
+    """design.md §2: with fast-forward the target is P restricted to the sequences whose
+    forced bytes are canonically tokenized (P_ff ∝ P on a subset of the support), and every
+    method samples inside it; a forced chain is one model call."""
+    ref = problem.language(max_new_tokens, 1.0)
+    with hang_guard(TIME_BOUND_S):
+        try:
+            ff = exact_distribution(problem.lm, list(problem.prompt), problem.constraint,
+                                    max_new_tokens=max_new_tokens, max_nodes=MAX_NODES)
+        except NoValidSequenceError:
+            ff = {}
+    assert set(ff) <= set(ref)
+    if ff:
+        mass = math.fsum(ref[s] for s in ff)
+        for s, p in ff.items():
+            assert math.isclose(p, ref[s] / mass, rel_tol=1e-7, abs_tol=1e-12), (s, p)
+    for method in METHODS:
+        options = adaptrack_options(data) if method == "adaptrack" else {}
+        calls_before = problem.lm.calls
+        result = run_generate(problem, method, n=3, temperature=temperature,
+                              max_new_tokens=max_new_tokens, seed=seed, fast_forward=True,
+                              **options)
+        if isinstance(result, NoValidSequenceError):
+            assert method != "unconstrained" and (not ff or method == "cd")
+            continue
+        stats = result.stats
+        assert stats["lm_calls"] <= problem.lm.calls - calls_before
+        assert stats["forced_tokens"] >= stats["ff_sequences"] >= 0
+        for sample in result.samples:
+            if method != "unconstrained" and sample.complete:
+                assert sample.valid and sample.tokens in ff, (method, sample.tokens, ff)
 
 
 # ------------------------------------------------------------------- greedy with shared Q

@@ -19,6 +19,8 @@ from .errors import (
 )
 from .generate import METHODS, GenerationResult, Sample, exact_distribution, generate
 from .lm import LanguageModel, TableLM, load_model
+from .sampling.tree import FastForward
+from .tokenization.fastforward import Tokenizer
 from .tokenization.vocab import Vocabulary
 
 __version__ = "0.1.0"
@@ -26,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "METHODS",
     "AdaptrackError",
+    "FastForward",
     "GenerationResult",
     "LanguageModel",
     "ModelLoadError",
@@ -33,6 +36,7 @@ __all__ = [
     "NoValidSequenceError",
     "Sample",
     "TableLM",
+    "Tokenizer",
     "TreeLimitError",
     "Vocabulary",
     "constraints",

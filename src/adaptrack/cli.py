@@ -58,7 +58,15 @@ def _probability(text: str) -> float:
     return value
 
 
-_positive_int.__name__ = "integer"  # argparse names the type in "invalid integer value"
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+# argparse names the type in "invalid integer value"
+_positive_int.__name__ = _non_negative_int.__name__ = "integer"
 _non_negative_float.__name__ = _probability.__name__ = "number"
 
 
@@ -125,6 +133,9 @@ def _build_parser() -> _Parser:
                      help="random seed (the same seed, the same samples)")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N",
                      help="most tokens per sample (default: 64)")
+    gen.add_argument("--no-fast-forward", action="store_true",
+                     help="feed bytes the constraint forces token by token instead of as "
+                          "their canonical tokens in one model call")
     gen.add_argument("--share-q", action="store_true",
                      help="share AdapTrack's learned valid-mass estimates across samples "
                           "(--method adaptrack only)")
@@ -146,6 +157,30 @@ def _build_parser() -> _Parser:
                                                       "default model)")
     demo.add_argument("--backend", choices=BACKENDS, help="backend for the model demo")
     demo.add_argument("--device", choices=DEVICES, help="device for the model demo")
+
+    bench = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)",
+                           description="Benchmarks; the last stdout line is one JSON object.")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    ff = bench_sub.add_parser(
+        "ff", help="fast-forward tokens on MaskBench, ours against llguidance's",
+        description="Walk the canonical tokenization of every valid MaskBench instance "
+                    "(compact JSON) and compare our fast-forward tokens with llguidance's.",
+    )
+    ff.add_argument("--data", required=True, metavar="FILE",
+                    help="MaskBench .jsonl or .jsonl.gz (schema + tests per line)")
+    ff.add_argument("--tokenizer", required=True, metavar="DIR",
+                    help="a directory holding tokenizer.json (or the file itself)")
+    ff.add_argument("--max-tokens", type=_non_negative_int, default=4, metavar="K",
+                    help="final tokens checked for a spanning token; 0 holds nothing back "
+                         "(default: 4)")
+    ff.add_argument("--conservative", action="store_true",
+                    help="hold back whenever any vocabulary token spans the end (no grammar "
+                         "check)")
+    ff.add_argument("--limit", type=_positive_int, metavar="N",
+                    help="walk at most N valid instances")
+    ff.add_argument("--no-whitespace", action="store_true",
+                    help="grammar without flexible whitespace (llguidance's "
+                         "whitespace_flexible=false; default: llguidance's default, flexible)")
     return parser
 
 
@@ -273,7 +308,8 @@ def _generate(args: argparse.Namespace) -> None:
         res = generate(lm, prompt, constraint, method=args.method, n=args.n,
                        temperature=args.temperature, top_p=args.top_p,
                        max_new_tokens=args.max_new_tokens, seed=args.seed,
-                       share_q=args.share_q, on_sample=on_sample)
+                       share_q=args.share_q, on_sample=on_sample,
+                       fast_forward=not args.no_fast_forward)
     finally:
         close()
     model = getattr(lm, "name", None) or args.model or "default"
@@ -304,6 +340,26 @@ def _demo(args: argparse.Namespace) -> None:
                    out=sys.stdout)
 
 
+def _bench(args: argparse.Namespace) -> None:
+    if not os.path.isfile(args.data):
+        raise _UsageError(f"cannot read data file {args.data!r}: no such file")
+    tokenizer = args.tokenizer
+    file = os.path.join(tokenizer, "tokenizer.json") if os.path.isdir(tokenizer) else tokenizer
+    if not os.path.isfile(file):
+        raise _UsageError(f"no tokenizer.json in {tokenizer!r}")
+    from .bench import bench_ff
+
+    try:
+        result = bench_ff(args.data, tokenizer, max_tokens=args.max_tokens,
+                          conservative=args.conservative, limit=args.limit,
+                          whitespace_flexible=not args.no_whitespace,
+                          progress=sys.stderr.isatty())
+    except OSError as err:
+        raise _UsageError(f"{err.strerror or err}: {err.filename or ''}".strip(": ")) from None
+    print(json.dumps({k: _number(v) if not isinstance(v, list) else v
+                      for k, v in result.items()}, ensure_ascii=False), file=sys.stdout)
+
+
 def _one_line(err: BaseException) -> str:
     return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or (
         type(err).__name__)
@@ -313,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the ``adaptrack`` command; returns the exit status."""
     try:
         args = _build_parser().parse_args(argv)
-        commands = {"setup": _setup, "generate": _generate, "demo": _demo}
+        commands = {"setup": _setup, "generate": _generate, "demo": _demo, "bench": _bench}
         try:
             commands[args.command](args)
         except (AdaptrackError, ValueError) as err:  # the library's errors say how to fix them

@@ -15,7 +15,7 @@ from .sampling.base import Method, run_walks
 from .sampling.cd import ConstrainedDecoding
 from .sampling.enumerate import enumerate_tree
 from .sampling.exact import Exact
-from .sampling.tree import Node, PrefixTree
+from .sampling.tree import FastForward, Node, PrefixTree
 from .sampling.unconstrained import Unconstrained
 
 METHODS: dict[str, type[Method]] = {
@@ -51,8 +51,9 @@ class Sample:
 
 @dataclass
 class GenerationResult:
-    """Samples plus stats: ``lm_calls`` (distinct prefixes the model evaluated),
-    ``tree_nodes``, ``evictions``, ``backtracks``, ``restarts``, ``incomplete``,
+    """Samples plus stats: ``lm_calls`` (model calls: distinct prefixes evaluated, a
+    fast-forwarded chain counting once), ``tree_nodes``, ``evictions``, ``backtracks``,
+    ``restarts``, ``incomplete``, ``ff_sequences`` and ``forced_tokens`` (fast-forward),
     ``seconds``, and the constraint's own counters (a predicate adds ``checks``,
     ``check_timeouts`` and ``check_seconds``)."""
 
@@ -89,6 +90,14 @@ def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, max_no
         raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
 
 
+def _fast_forward(option: bool | FastForward) -> FastForward | None:
+    if isinstance(option, FastForward):
+        return option
+    if not isinstance(option, bool):
+        raise TypeError(f"fast_forward must be True, False or FastForward(...), got {option!r}")
+    return FastForward() if option else None
+
+
 def _text(matcher: Matcher, lm: LanguageModel, node: Node) -> str:
     data = lm.vocab.decode(node.tokens)
     if node.complete and matcher.terminators and node.tokens:
@@ -109,7 +118,7 @@ def generate(
     top_p: float = 1.0,
     max_new_tokens: int = 64,
     seed: int | None = None,
-    fast_forward: bool = True,
+    fast_forward: bool | FastForward = True,
     *,
     share_q: bool = False,
     max_backtrack: int | None = None,
@@ -133,8 +142,11 @@ def generate(
     samples, whatever ``batch_size`` and ``max_cache_bytes``: exactly with an exact model
     (``TableLM``); with a float backend, batch composition changes rounding (~1e-6), which
     can flip a draw that lands that close to a boundary between two tokens.
-    ``fast_forward`` is accepted for forward compatibility: forced bytes are currently fed
-    token by token, which is the exact behaviour.
+    ``fast_forward`` (``True``, ``False`` or :class:`FastForward` options): bytes the
+    constraint forces are fed as their canonical tokens in one model call (seed 002), and
+    each forced token's probability still enters Q. The target is then conditioned on
+    forced bytes being tokenized canonically (design.md §2); ``False`` feeds them token by
+    token, unconditioned. Forced tokens skip the top-p cutoff.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -167,7 +179,8 @@ def generate(
     walker = Anything(matcher.terminators).bind(lm.vocab) if unconstrained else matcher
     tree = PrefixTree(lm, ids, walker, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      max_cache_bytes=max_cache_bytes, restrict_length=not unconstrained)
+                      max_cache_bytes=max_cache_bytes, restrict_length=not unconstrained,
+                      fast_forward=None if unconstrained else _fast_forward(fast_forward))
     options = (
         {"share_q": share_q, "max_backtrack": max_backtrack,
          "min_backtrack_prob": min_backtrack_prob}
@@ -191,6 +204,8 @@ def generate(
         "backtracks": sampler.backtracks,
         "restarts": sampler.restarts,
         "incomplete": sum(not s.complete for s in samples),
+        "ff_sequences": tree.ff_sequences,
+        "forced_tokens": tree.forced_tokens,
         "seconds": time.perf_counter() - started,
         **matcher.stats(),
     }
@@ -206,10 +221,13 @@ def exact_distribution(
     temperature: float = 1.0,
     top_p: float = 1.0,
     max_nodes: int = 100_000,
+    fast_forward: bool | FastForward = True,
 ) -> dict[tuple[int, ...], float]:
     """The target P(s | c) ∝ P(s)·c(s) by enumeration: {token tuple: probability}.
 
     Sequences are complete (they end with EOS or a terminator, within ``max_new_tokens``).
+    ``fast_forward`` as in :func:`generate`: by default the target is conditioned on
+    forced bytes being tokenized canonically, the distribution ``generate`` samples.
     Raises ``TreeLimitError`` when enumeration needs more than ``max_nodes`` prefixes and
     ``NoValidSequenceError`` when no sequence is valid.
 
@@ -225,7 +243,8 @@ def exact_distribution(
         raise ValueError("exact_distribution needs temperature > 0")
     matcher = (constraint or Anything()).bind(lm.vocab)
     tree = PrefixTree(lm, _prompt_ids(lm, prompt), matcher, temperature=temperature,
-                      top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes)
+                      top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
+                      fast_forward=_fast_forward(fast_forward))
     dist = enumerate_tree(tree)
     if not dist:
         raise NoValidSequenceError(

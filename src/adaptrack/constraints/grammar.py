@@ -217,6 +217,7 @@ class GrammarMatcher(Matcher):
         self._max_cached = max(1, cache_bytes // len(self.ll.text_bits))
         self._forced: dict[tuple[int, ...], bytes] = {}
         self.masks_computed, self.mask_seconds = 0, 0.0
+        self.restarts = 0  # llguidance matchers replaced after an error
 
     def _new_matcher(self) -> LLMatcher:
         m = LLMatcher(self.ll.tokenizer, self.grammar.lark_text, log_level=0)
@@ -270,7 +271,15 @@ class GrammarMatcher(Matcher):
             self._masks.move_to_end(state)
             return cached
         t0 = time.perf_counter()
-        found = self._masks[state] = self._compute(self._goto(state))
+        try:
+            found = self._compute(self._goto(state))
+        except RuntimeError:
+            # A long-lived llguidance matcher can exhaust its lexer budget on some schemas
+            # (ParserTooComplex) and then refuse valid tokens; the cursor has been replaced,
+            # and a fresh matcher at the same state succeeds (adaptrack bench ff: 10 of 10).
+            self.restarts += 1
+            found = self._compute(self._goto(state))
+        self._masks[state] = found
         self.masks_computed += 1
         self.mask_seconds += time.perf_counter() - t0
         if len(self._masks) > self._max_cached:

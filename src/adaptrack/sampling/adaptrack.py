@@ -63,7 +63,7 @@ class AdapTrack(Method):
             before = [Q.prob(child) for child in path[1:]]  # P_Q(n|x), line 13
             yield from self.expand(s)
             Q.open(s)  # line 10 (opening s is what changes Q)
-            seen.add(id(s))
+            self.used(seen, s)
             if Q.q(root) == 0:
                 raise self.empty_language()
             if Q.q(s) > 0:

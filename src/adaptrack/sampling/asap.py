@@ -30,7 +30,7 @@ class ASAp(Method):
                 if not self.Q.is_open(node):
                     yield from self.expand(node)
                     self.Q.open(node)
-                seen.add(id(node))
+                self.used(seen, node)
                 if self.Q.q(root) == 0:
                     raise self.empty_language()
                 if self.Q.q(node) == 0:

@@ -34,6 +34,13 @@ class Method:
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         raise NotImplementedError
 
+    @staticmethod
+    def used(seen: set[int], node: Node) -> None:
+        """Count ``node``'s distribution as one this sample used. A node whose token was
+        fast-forwarded got its distribution with the chain's one call: not counted again."""
+        if not node.forced:
+            seen.add(id(node))
+
     def expand(self, node: Node) -> Generator[Node, None, Expansion]:
         """The node's expansion; the walk pauses while the driver asks the model."""
         if node.expansion is None:

@@ -18,7 +18,7 @@ class ConstrainedDecoding(Method):
         node = self.tree.root
         while not node.complete:
             exp = yield from self.expand(node)
-            seen.add(id(node))
+            self.used(seen, node)
             if len(exp.ids) == 0:
                 if node is self.tree.root:
                     raise self.empty_language()

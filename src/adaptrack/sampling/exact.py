@@ -44,7 +44,7 @@ class Exact(Method):
                 raise self.empty_language()
             node, unopened = root, []
             while not node.complete:
-                seen.add(id(node))
+                self.used(seen, node)
                 if self.Q.is_open(node):
                     i = draw(self.Q.weights(node), rng)
                     token = self.Q.token(node, i)
@@ -74,7 +74,7 @@ class Exact(Method):
         if self._best is not None:  # the same answer for every sample; count its prefixes
             node = self._best.parent
             while node is not None:
-                seen.add(id(node))
+                self.used(seen, node)
                 node = node.parent
             return self._best
         tree = self.tree
@@ -92,7 +92,7 @@ class Exact(Method):
                     return node
                 exp = yield from self.expand(node)
                 facts[id(node)] = exp
-                seen.add(id(node))
+                self.used(seen, node)
                 if len(exp.ids):
                     order[id(node)] = sorted(range(len(exp.ids)), key=lambda j: -exp.p[j])
                     heapq.heappush(heap, (cost - math.log(exp.p[order[id(node)][0]]), counter,

@@ -14,19 +14,21 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..constraints.base import Matcher, State
 from ..errors import TreeLimitError
 from ..lm.base import LanguageModel
+from ..tokenization.fastforward import Tokenizer, forced_tokens
 
 
 class Node:
     """One prefix: the tokens after the prompt, the constraint state after them."""
 
-    __slots__ = ("children", "complete", "depth", "expansion", "logprob", "opened", "parent",
-                 "slot", "state", "token", "tokens")
+    __slots__ = ("children", "complete", "depth", "expansion", "forced", "logprob", "opened",
+                 "parent", "pending", "slot", "state", "token", "tokens")
 
     def __init__(
         self, parent: Node | None, token: int | None, state: State, complete: bool,
@@ -40,6 +42,11 @@ class Node:
         self.expansion: Expansion | None = None
         self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``
         self.opened = False  # some Q table holds this node's facts: never evicted
+        # Fast-forward: the forced tokens still to come from here (pending[0] is then the
+        # only valid next token); None until computed. ``forced``: this node's token was
+        # forced, so its facts came with the chain's one model call.
+        self.pending: tuple[int, ...] | None = None
+        self.forced = False
 
 
 class Expansion:
@@ -118,6 +125,27 @@ def checked_nucleus(
     return np.asarray(sorted(valid), dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class FastForward:
+    """Fast-forward options (seed 002). Forced bytes become the canonical tokens of
+    ``tokenizer`` (default: the model's), holding back final tokens while an allowed longer
+    token starting within the last ``max_tokens`` of them could span their end
+    (``conservative``: any longer token, allowed or not; ``max_tokens=0``: never hold
+    back). The tokenizer sees its ``context_tokens`` last tokens before the forced bytes.
+
+    >>> FastForward(max_tokens=2).conservative
+    False
+    """
+
+    max_tokens: int = 4
+    conservative: bool = False
+    tokenizer: Tokenizer | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError(f"FastForward needs max_tokens >= 0, got {self.max_tokens}")
+
+
 class PrefixTree:
     """Prefixes of one prompt under one constraint, with the model's outputs cached.
 
@@ -145,6 +173,7 @@ class PrefixTree:
         max_nodes: int = 100_000,
         max_cache_bytes: int = 1 << 30,
         restrict_length: bool = True,
+        fast_forward: FastForward | None = None,
     ) -> None:
         self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
         self.temperature, self.top_p = temperature, top_p
@@ -158,6 +187,11 @@ class PrefixTree:
         self.cache_bytes = 0
         self.evictions = 0
         self._lru: OrderedDict[int, Node] = OrderedDict()  # expanded, not opened
+        self.fast_forward = fast_forward
+        if fast_forward is not None:
+            self._tokenizer = fast_forward.tokenizer or Tokenizer.for_model(lm)
+        self.ff_sequences = 0  # forced chains fed (one model call each)
+        self.forced_tokens = 0  # tokens in them
 
     def expand(self, node: Node) -> Expansion:
         """The node's next-token facts, calling the model if this prefix is new."""
@@ -175,15 +209,57 @@ class PrefixTree:
             if node.depth >= self.max_new_tokens:  # nothing may follow: no model call
                 node.expansion = Expansion(np.zeros(0), np.empty(0, dtype=np.int64))
         todo = [n for n in todo if n.depth < self.max_new_tokens]
-        if not todo:
-            return
-        logprobs = self.lm.next_logprobs([self.prompt + n.tokens for n in todo])
-        self.lm_calls += len(todo)
-        for node, row in zip(todo, logprobs, strict=True):
-            node.expansion = self._facts(node, row)
-            self.cache_bytes += node.expansion.nbytes
-            self._lru[id(node)] = node
+        chains = [n for n in todo if self._forced(n)]
+        plain = [n for n in todo if not n.pending]
+        if plain:
+            logprobs = self.lm.next_logprobs([self.prompt + n.tokens for n in plain])
+            self.lm_calls += len(plain)
+            for node, row in zip(plain, logprobs, strict=True):
+                self._store(node, self._facts(node, row))
+        for node in chains:
+            self._feed_forced(node)
         self._evict(keep=todo)
+
+    def _store(self, node: Node, expansion: Expansion) -> None:
+        node.expansion = expansion
+        self.cache_bytes += expansion.nbytes
+        self._lru[id(node)] = node
+
+    def _forced(self, node: Node) -> tuple[int, ...]:
+        """The forced tokens from ``node`` on (computed once per node, seed 002)."""
+        if node.pending is None:
+            ff, tokens = self.fast_forward, ()
+            if ff is not None and not node.complete and node.depth < self.max_new_tokens:
+                keep = self._tokenizer.context_tokens
+                recent = (self.prompt + node.tokens)[-keep:] if keep else ()
+                try:
+                    found, _ = forced_tokens(self._tokenizer, self.matcher, node.state, recent,
+                                             max_tokens=ff.max_tokens,
+                                             conservative=ff.conservative)
+                except ValueError:  # the tokenizer cannot encode them: feed token by token
+                    found = []
+                tokens = tuple(found[: self.max_new_tokens - node.depth])
+            node.pending = tokens
+        return node.pending
+
+    def _feed_forced(self, node: Node) -> None:
+        """Fast-forward: the chain of forced tokens from ``node`` in one model call (a short
+        prefill) that gives every position's distribution, so Q sees each forced token's
+        probability exactly; the node after the chain gets its facts from the same call."""
+        chain = node.pending or ()
+        rows = self.lm.logprobs_along(self.prompt + node.tokens, chain)
+        self.lm_calls += 1
+        self.ff_sequences += 1
+        self.forced_tokens += len(chain)
+        for i, tok in enumerate(chain):
+            if node.expansion is None:
+                self._store(node, self._facts(node, rows[i]))
+            if not node.expansion.is_valid(tok):  # type: ignore[union-attr]
+                return  # p = 0, or not finishing at the length limit: a dead end here
+            node = self.child(node, tok)
+        if node.expansion is None and node.depth < self.max_new_tokens:
+            self._forced(node)
+            self._store(node, self._facts(node, rows[len(chain)]))
 
     def pin(self, node: Node) -> None:
         """Keep ``node``'s expansion for good (a Q table opened it)."""
@@ -216,6 +292,11 @@ class PrefixTree:
         probs /= probs.sum()
         last = self.restrict_length and node.depth == self.max_new_tokens - 1
         matcher, state = self.matcher, node.state
+        if node.pending:  # fast-forward: the forced token is the only valid one (no top-p)
+            tok = node.pending[0]
+            after = matcher.advance(state, tok)
+            ok = after is not None and (not last or matcher.is_complete(after))
+            return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64))
         if node.depth >= self.max_new_tokens:
             valid = np.empty(0, dtype=np.int64)
         elif last:
@@ -248,6 +329,8 @@ class PrefixTree:
         if state is None or not exp.is_valid(token):
             raise ValueError(f"token {token} is not valid after {node.tokens}")
         child = Node(node, token, state, self.matcher.is_complete(state), 0.0)
+        if node.pending:  # the rest of the chain; at its end, look for new forced bytes
+            child.pending, child.forced = node.pending[1:] or None, True
         child.slot = exp.index(token)
         child.logprob = node.logprob + math.log(exp.p[child.slot])
         node.children[token] = child

@@ -1,0 +1,329 @@
+"""Benchmarks behind ``adaptrack bench`` (the command line only parses and prints).
+
+``bench_ff``: fast-forward tokens (seed ``002_635c77f31ff4e5a1.txt``) on MaskBench, ours
+(:func:`adaptrack.tokenization.fastforward.forced_tokens`) beside llguidance's own
+(``LLMatcher.compute_ff_tokens`` with forcing on), on the same grammar and tokenizer.
+
+For every valid instance of every schema:
+
+* the instance is written as compact JSON (``json.dumps(separators=(",", ":"),
+  ensure_ascii=False)``, ASCII escapes only if it holds lone surrogates) and tokenized
+  canonically (``Tokenizer.encode_bytes``);
+* the grammar is ``adaptrack.constraints.json_schema(schema)`` with ``"x-guidance":
+  {"whitespace_flexible": ...}`` set in the schema (llguidance's default, flexible
+  whitespace, accepts compact JSON; ``whitespace_flexible=False`` allows none). llguidance's
+  matcher runs the very same Lark text, only with forcing on. Schemas llguidance rejects are
+  skipped (``skipped_schemas``); instances whose canonical tokens it does not accept as a
+  complete text are too (``rejected_instances``);
+* *our walk*: at position ``i`` (the first ``i`` canonical tokens consumed), ``F =
+  forced_tokens(...)``. ``F ≠ []`` is one *ff sequence*; it is *non-canonical* when it
+  differs from the next ``len(F)`` canonical tokens. A canonical ``F`` is skipped over and
+  its tokens count as *forced*; otherwise the walk moves one canonical token on.
+  ``forced_share`` = forced tokens / canonical tokens. *llguidance's walk* is the same with
+  its ff tokens (``llguidance_*`` counts).
+* *agreement*: at the positions of our walk where either side has ff tokens, the share
+  where both have the same ones (``agreeing_positions / compared_positions``; 1.0 if none).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+#: Tries of ``forced_tokens`` at one position. The grammar matcher keeps one llguidance
+#: matcher for all its states; on schemas with counted repetitions in string patterns
+#: (``^(?:\\S+\\s+){0,199}\\S+$``) a few masks exhaust llguidance's lexer budget for that
+#: matcher ("too many expressions constructed", ``ParserTooComplex``) and it fails even on
+#: valid tokens. ``GrammarMatcher`` then starts a fresh llguidance matcher, so the same call
+#: succeeds on the next try (``matcher_restarts`` counts these).
+_ATTEMPTS = 3
+
+#: How many recent canonical tokens the walk hands to ``forced_tokens`` (it uses at most
+#: ``Tokenizer.context_tokens`` of them).
+_RECENT = 8
+
+
+def _maybe_json(value: Any) -> Any:
+    """A field that some MaskBench exports store as a JSON string."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def read_maskbench(path: str | os.PathLike[str]) -> Iterator[tuple[Any, list[Any]]]:
+    """``(schema, valid instances)`` per line of a MaskBench ``.jsonl`` (gzipped or not).
+
+    The schema may be stored as an object or a JSON string (parsed here); so may the list
+    of tests. A test's ``"data"`` is the instance itself (a string is a JSON string
+    instance, never parsed)."""
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gz else open
+    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                case = json.loads(line)
+                schema = case["schema"]
+                if isinstance(schema, str):
+                    schema = json.loads(schema)
+                tests = _maybe_json(case.get("tests", []))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{os.fspath(path)}:{n}: not a MaskBench case: {err}") from None
+            yield schema, [t["data"] for t in tests if isinstance(t, dict) and t.get("valid")]
+
+
+def compact_json(instance: Any) -> bytes:
+    """The instance as compact JSON bytes (raw UTF-8; ``\\u`` escapes only where the data
+    holds lone surrogates, which UTF-8 cannot carry)."""
+    text = json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(instance, separators=(",", ":")).encode()
+
+
+def _with_options(schema: Any, whitespace_flexible: bool) -> dict[str, Any] | None:
+    """The schema with our llguidance JSON options; ``None`` for ``false`` (nothing valid)."""
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        return None
+    options = schema.get("x-guidance")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["whitespace_flexible"] = whitespace_flexible
+    return {**schema, "x-guidance": options}
+
+
+def bench_ff(
+    data: str | os.PathLike[str],
+    tokenizer: str | os.PathLike[str],
+    *,
+    max_tokens: int = 4,
+    conservative: bool = False,
+    limit: int | None = None,
+    whitespace_flexible: bool = True,
+    progress: bool = False,
+    examples: int = 5,
+) -> dict[str, Any]:
+    """Fast-forward tokens on a MaskBench file, ours against llguidance's (see the module
+    doc for every definition). ``tokenizer`` is a ``tokenizer.json`` or its directory;
+    ``limit`` bounds the valid instances walked; ``examples`` disagreements (and
+    non-canonical ff sequences) are kept in ``"examples"``."""
+    from llguidance import LLMatcher, LLTokenizer
+
+    from .constraints import json_schema
+    from .constraints.grammar import _NO_FORCING
+    from .tokenization.fastforward import Tokenizer, forced_tokens
+
+    t_start = time.perf_counter()
+    tok = Tokenizer.from_file(tokenizer)
+    vocab = tok.vocab
+    from tokenizers import Tokenizer as HFTokenizer
+
+    # llguidance's own tokenizer from the same file, as llguidance.hf.from_tokenizer builds
+    # it (the serialized tokenizers backend; padding and truncation off).
+    file = Path(tokenizer)
+    backend = HFTokenizer.from_file(str(file / "tokenizer.json" if file.is_dir() else file))
+    backend.no_padding()
+    backend.no_truncation()
+    eos = int(vocab.eos_ids[0]) if len(vocab.eos_ids) else None
+    ll_tok = LLTokenizer(backend.to_str(), n_vocab=vocab.size, eos_token=eos)
+
+    cases = list(read_maskbench(data))
+    total = sum(len(valid) for _, valid in cases)
+    if limit is not None:
+        total = min(total, limit)
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="instance", file=sys.stderr, leave=False)
+        except ImportError:
+            bar = None
+
+    c: dict[str, Any] = {k: 0 for k in (
+        "instances", "tokens", "ff_sequences", "forced_tokens", "noncanonical",
+        "llguidance_ff_sequences", "llguidance_forced_tokens", "llguidance_noncanonical",
+        "compared_positions", "agreeing_positions", "schemas", "skipped_schemas",
+        "rejected_instances", "failed_instances", "matcher_restarts")}
+    found: list[dict[str, Any]] = []
+    ours_s = theirs_s = 0.0
+    ours_calls = theirs_calls = 0
+
+    def note(kind: str, text: bytes, pos: int, canon: list[int], ours: list[int] | None,
+             theirs: list[int] | None, forced: bytes) -> None:
+        if len(found) < examples:
+            width = max(len(ours or ()), len(theirs or ()), 1)
+            found.append({
+                "kind": kind, "instance": c["instances"], "position": pos,
+                "before": vocab.decode(canon[max(0, pos - 3):pos]).decode(errors="replace"),
+                "forced_bytes": forced.decode(errors="replace"),
+                "canonical": [vocab.decode([t]).decode(errors="replace")
+                              for t in canon[pos:pos + width]],
+                "ours": None if ours is None else [vocab.decode([t]).decode(errors="replace")
+                                                   for t in ours],
+                "llguidance": None if theirs is None else [
+                    vocab.decode([t]).decode(errors="replace") for t in theirs],
+                "text_head": text[:80].decode(errors="replace"),
+            })
+
+    done = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for schema, valid in cases:
+            if limit is not None and done >= limit:
+                break
+            if not valid:
+                continue
+            c["schemas"] += 1
+            full = _with_options(schema, whitespace_flexible)
+            try:
+                if full is None:
+                    raise ValueError("schema false")
+                grammar = json_schema(full)
+                matcher = grammar.bind(vocab)
+                ll_grammar = grammar.lark_text.removesuffix(_NO_FORCING)
+                llm = LLMatcher(ll_tok, ll_grammar, log_level=0)
+                if llm.is_error():
+                    raise ValueError(llm.get_error())
+            except (ValueError, RuntimeError):
+                c["skipped_schemas"] += 1
+                n_skip = min(len(valid), limit - done) if limit is not None else len(valid)
+                done += n_skip
+                if bar is not None:
+                    bar.update(n_skip)
+                continue
+            for instance in valid:
+                if limit is not None and done >= limit:
+                    break
+                done += 1
+                if bar is not None:
+                    bar.update()
+                text = compact_json(instance)
+                try:
+                    canon = tok.encode_bytes(text)
+                except ValueError:
+                    c["rejected_instances"] += 1
+                    continue
+                llm.reset()
+                if not (llm.consume_tokens(canon) and llm.is_accepting()):
+                    c["rejected_instances"] += 1
+                    llm = LLMatcher(ll_tok, ll_grammar, log_level=0)  # errors are permanent
+                    continue
+                llm.reset()
+                try:
+                    stats = _walk(canon, text, tok, matcher, llm, forced_tokens, max_tokens,
+                                  conservative, note)
+                except RuntimeError:  # llguidance's resource limits
+                    c["failed_instances"] += 1
+                    llm = LLMatcher(ll_tok, ll_grammar, log_level=0)
+                    continue
+                c["instances"] += 1
+                c["tokens"] += len(canon)
+                for k, v in stats.items():
+                    if k in c:
+                        c[k] += v
+                ours_s += stats["ours_seconds"]
+                theirs_s += stats["llguidance_seconds"]
+                ours_calls += stats["ours_calls"]
+                theirs_calls += stats["llguidance_calls"]
+    if bar is not None:
+        bar.close()
+
+    tokens = c["tokens"]
+    return {
+        **c,
+        "forced_share": c["forced_tokens"] / tokens if tokens else 0.0,
+        "llguidance_forced_share": c["llguidance_forced_tokens"] / tokens if tokens else 0.0,
+        "llguidance_agreement": (c["agreeing_positions"] / c["compared_positions"]
+                                 if c["compared_positions"] else 1.0),
+        "ours_ms_per_call": 1e3 * ours_s / ours_calls if ours_calls else 0.0,
+        "llguidance_ms_per_call": 1e3 * theirs_s / theirs_calls if theirs_calls else 0.0,
+        "max_tokens": max_tokens,
+        "conservative": conservative,
+        "whitespace_flexible": whitespace_flexible,
+        "seconds": round(time.perf_counter() - t_start, 2),
+        "examples": found,
+    }
+
+
+def _walk(canon: list[int], text: bytes, tok: Any, matcher: Any, llm: Any,
+          forced_tokens: Callable[..., tuple[list[int], bytes]], max_tokens: int,
+          conservative: bool, note: Callable[..., None]) -> dict[str, Any]:
+    """Both walks over one instance's canonical tokens (see the module doc).
+
+    Our matcher is a ``GrammarMatcher``, whose states are token tuples: the state after the
+    first ``i`` canonical tokens is ``tuple(canon[:i])`` (valid: llguidance accepted the
+    whole sequence), which spares a mask per position. llguidance's matcher only moves
+    forward; its ff tokens are computed on a copy (forcing pushes bytes into the parser)."""
+    n = len(canon)
+    s: dict[str, Any] = {k: 0 for k in (
+        "ff_sequences", "forced_tokens", "noncanonical", "llguidance_ff_sequences",
+        "llguidance_forced_tokens", "llguidance_noncanonical", "compared_positions",
+        "agreeing_positions", "ours_calls", "llguidance_calls", "matcher_restarts")}
+    s["ours_seconds"] = s["llguidance_seconds"] = 0.0
+    at = 0  # tokens llm has consumed
+    ours_pos = ll_pos = 0
+    while ours_pos < n or ll_pos < n:
+        i = min(ours_pos, ll_pos)
+        if i > at:
+            if not llm.consume_tokens(canon[at:i]):
+                raise RuntimeError(llm.get_error())
+            at = i
+        t0 = time.perf_counter()
+        theirs = llm.deep_copy().compute_ff_tokens()
+        s["llguidance_seconds"] += time.perf_counter() - t0
+        s["llguidance_calls"] += 1
+        if ours_pos == i:
+            state = tuple(canon[:i])
+            t0 = time.perf_counter()
+            for attempt in range(_ATTEMPTS):
+                try:
+                    ours, _ = forced_tokens(tok, matcher, state, canon[max(0, i - _RECENT):i],
+                                            max_tokens=max_tokens, conservative=conservative)
+                    break
+                except RuntimeError:
+                    # llguidance's resource limits (see _ATTEMPTS); the matcher replaced its
+                    # llguidance matcher with a fresh one: try again from there.
+                    if attempt + 1 == _ATTEMPTS:
+                        raise
+                    s["matcher_restarts"] += 1
+            s["ours_seconds"] += time.perf_counter() - t0
+            s["ours_calls"] += 1
+            if ours or theirs:
+                s["compared_positions"] += 1
+                if ours == theirs:
+                    s["agreeing_positions"] += 1
+                else:
+                    note("disagreement", text, i, canon, ours, theirs,
+                         matcher.forced_bytes(state))
+            step = 1
+            if ours:
+                s["ff_sequences"] += 1
+                if canon[i:i + len(ours)] == ours:
+                    s["forced_tokens"] += len(ours)
+                    step = len(ours)
+                else:
+                    s["noncanonical"] += 1
+                    note("noncanonical", text, i, canon, ours, None,
+                         matcher.forced_bytes(state))
+            ours_pos += step
+        if ll_pos == i:
+            step = 1
+            if theirs:
+                s["llguidance_ff_sequences"] += 1
+                if canon[i:i + len(theirs)] == theirs:
+                    s["llguidance_forced_tokens"] += len(theirs)
+                    step = len(theirs)
+                else:
+                    s["llguidance_noncanonical"] += 1
+            ll_pos += step
+    return s

@@ -1,0 +1,142 @@
+"""Fast-forward inside the samplers: forced chains cost one model call, enter Q exactly, and
+condition the target on canonical tokenization of forced bytes (design.md §2)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import chi2
+
+import adaptrack as at
+from adaptrack.constraints import choice, json_schema
+from adaptrack.sampling.tree import FastForward, PrefixTree, QTable
+from adaptrack.toy import hashed_weights
+
+# "xyzw" is forced at the start. Greedy (TableLM's canonical) tokens: "xyz" "w"; "w1" could
+# span the end, so "w" is held back and only "xyz" is forced.
+VOCAB = [b"x", b"y", b"z", b"w", b"xy", b"zw", b"xyz", b"w1", b"1", b"2", b"<eos>"]
+EOS = len(VOCAB) - 1
+NAMES = choice(["xyzw1", "xyzw2", "xyzw12"])
+
+
+class CountingLM(at.TableLM):
+    """A TableLM that records how often it is asked, per entry point."""
+
+    def __init__(self) -> None:
+        super().__init__(VOCAB, hashed_weights(len(VOCAB), b"ff"), eos=EOS)
+        self.along_calls = 0
+
+    def _logprobs_along(self, prefix, tokens):
+        self.along_calls += 1
+        return super()._logprobs_along(prefix, tokens)
+
+
+def test_the_forced_chain_is_canonical_and_one_call() -> None:
+    lm = CountingLM()
+    res = at.generate(lm, [], NAMES, method="cd", n=20, seed=0, max_new_tokens=6)
+    assert all(s.valid for s in res.samples)
+    assert all(s.tokens[0] == VOCAB.index(b"xyz") for s in res.samples)
+    assert res.stats["ff_sequences"] >= 1 and res.stats["forced_tokens"] >= 1
+    assert lm.along_calls == res.stats["ff_sequences"]
+    plain = at.generate(CountingLM(), [], NAMES, method="cd", n=20, seed=0, max_new_tokens=6,
+                        fast_forward=False)
+    assert plain.stats["ff_sequences"] == 0
+    assert res.stats["lm_calls"] < plain.stats["lm_calls"]
+    # The chain's head counts as one request; the forced node does not count again.
+    for s in res.samples:
+        assert s.lm_requests <= len(s.tokens)
+
+
+def test_target_is_conditioned_on_canonical_forced_tokens() -> None:
+    lm = CountingLM()
+    full = at.exact_distribution(lm, [], NAMES, max_new_tokens=6, fast_forward=False)
+    ff = at.exact_distribution(lm, [], NAMES, max_new_tokens=6)
+    assert set(ff) < set(full)
+    assert all(seq[0] == VOCAB.index(b"xyz") for seq in ff)
+    ratios = [ff[s] / full[s] for s in ff]
+    assert max(ratios) == pytest.approx(min(ratios), rel=1e-12)  # P_ff ∝ P on its support
+    assert ratios[0] == pytest.approx(1 / sum(full[s] for s in ff), rel=1e-12)
+
+
+@pytest.mark.parametrize("method, options", [("exact", {}), ("adaptrack", {"share_q": True}),
+                                             ("asap", {})])
+def test_samplers_follow_the_conditioned_target(method: str, options: dict) -> None:
+    lm = CountingLM()
+    target = at.exact_distribution(lm, [], NAMES, max_new_tokens=6)
+    n = 3000 if method != "asap" else 6000
+    res = at.generate(lm, [], NAMES, method=method, n=n, seed=1, max_new_tokens=6, **options)
+    counts: dict = {}
+    for s in res.samples:
+        counts[s.tokens] = counts.get(s.tokens, 0) + 1
+    assert set(counts) <= set(target)
+    stat = sum((counts.get(s, 0) - p * n) ** 2 / (p * n) for s, p in target.items())
+    assert chi2.sf(stat, len(target) - 1) > 1e-3, (counts, target)
+
+
+def test_q_uses_the_forced_tokens_probabilities() -> None:
+    """Formula 2 through a forced chain: Q[root] = P(xyz | root) · Q[xyz], with the forced
+    token's own model probability, once the chain's end is opened."""
+    lm = CountingLM()
+    tree = PrefixTree(lm, [], NAMES.bind(lm.vocab), max_new_tokens=6,
+                      fast_forward=FastForward())
+    q = QTable(tree)
+    q.open(tree.root)
+    xyz = VOCAB.index(b"xyz")
+    p_root = np.exp(lm.next_logprobs([()])[0])
+    assert tree.root.expansion.ids.tolist() == [xyz]
+    assert q.q(tree.root) == pytest.approx(p_root[xyz], rel=1e-12)
+    head = tree.child(tree.root, xyz)
+    assert head.forced and head.expansion is not None  # from the same call
+    assert tree.lm_calls == 1 and tree.ff_sequences == 1
+    q.open(head)
+    assert q.q(tree.root) == pytest.approx(p_root[xyz] * head.expansion.p.sum(), rel=1e-12)
+
+
+def test_chain_longer_than_the_budget() -> None:
+    lm = at.TableLM([b"a", b"b", b"<eos>"], hashed_weights(3, b"len"), eos=2)
+    long = choice(["aaaaab", "aaaaaa"])
+    with pytest.raises(at.NoValidSequenceError):
+        at.generate(lm, [], long, method="exact", max_new_tokens=4, seed=0)
+    res = at.generate(lm, [], long, method="cd", max_new_tokens=4, seed=0)
+    assert not res.samples[0].complete
+    ok = at.generate(lm, [], long, method="adaptrack", max_new_tokens=7, n=5, seed=0)
+    assert {s.text for s in ok.samples} <= {"aaaaab", "aaaaaa"}
+
+
+def test_json_schema_fast_forward_on_a_toy_vocabulary() -> None:
+    vocab = [b'{"', b"name", b'":', b'"', b"a", b"b", b'"}', b"}", b":", b"na", b"me",
+             b'{', b"<eos>"]
+    lm = at.TableLM(vocab, hashed_weights(len(vocab), b"json"), eos=len(vocab) - 1)
+    schema = json_schema({"type": "object", "properties": {"name": {"enum": ["a", "b"]}},
+                          "required": ["name"], "additionalProperties": False,
+                          "x-guidance": {"whitespace_flexible": False}})
+    for method in ("cd", "adaptrack", "exact"):
+        res = at.generate(lm, [], schema, method=method, n=10, seed=0, max_new_tokens=12)
+        assert all(s.valid for s in res.samples if s.complete)
+        assert {s.text for s in res.samples if s.complete} <= {'{"name":"a"}', '{"name":"b"}'}
+        assert res.stats["forced_tokens"] >= 2
+
+
+def test_fast_forward_options() -> None:
+    lm = CountingLM()
+    never = at.exact_distribution(lm, [], NAMES, max_new_tokens=6,
+                                  fast_forward=at.FastForward(max_tokens=0))
+    # max_tokens=0 holds nothing back: "xyz" "w" is forced, so "w1" never starts a name.
+    assert all(seq[:2] == (VOCAB.index(b"xyz"), VOCAB.index(b"w")) for seq in never)
+    careful = at.exact_distribution(lm, [], NAMES, max_new_tokens=6,
+                                    fast_forward=at.FastForward(conservative=True))
+    assert set(careful) == set(at.exact_distribution(lm, [], NAMES, max_new_tokens=6))
+    with pytest.raises(TypeError, match="fast_forward"):
+        at.generate(lm, [], NAMES, fast_forward="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_tokens"):
+        at.FastForward(max_tokens=-1)
+
+
+def test_logprobs_along_default_rows() -> None:
+    lm = CountingLM()
+    rows = lm.logprobs_along((0,), (1, 2))
+    want = lm.next_logprobs([(0,), (0, 1), (0, 1, 2)])
+    assert rows.shape == want.shape and np.allclose(rows, want)
+    assert math.isclose(float(np.exp(rows[0]).sum()), 1.0)
