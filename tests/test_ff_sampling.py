@@ -28,9 +28,9 @@ class CountingLM(at.TableLM):
         super().__init__(VOCAB, hashed_weights(len(VOCAB), b"ff"), eos=EOS)
         self.along_calls = 0
 
-    def _logprobs_along(self, prefix, tokens):
-        self.along_calls += 1
-        return super()._logprobs_along(prefix, tokens)
+    def _logprobs_along_many(self, requests):
+        self.along_calls += len(requests)
+        return super()._logprobs_along_many(requests)
 
 
 def test_the_forced_chain_is_canonical_and_one_call() -> None:
@@ -140,3 +140,10 @@ def test_logprobs_along_default_rows() -> None:
     want = lm.next_logprobs([(0,), (0, 1), (0, 1, 2)])
     assert rows.shape == want.shape and np.allclose(rows, want)
     assert math.isclose(float(np.exp(rows[0]).sum()), 1.0)
+
+
+def test_logprobs_along_many_default_rows() -> None:
+    lm = CountingLM()
+    got = lm.logprobs_along_many([((0,), (1, 2)), ((3,), ()), ((4, 5), (6,))])
+    assert [g.shape[0] for g in got] == [3, 1, 2]
+    assert np.allclose(got[2], lm.next_logprobs([(4, 5), (4, 5, 6)]))

@@ -204,3 +204,18 @@ def test_logprobs_along_matches_fresh(path: str, fresh) -> None:
     assert rows.shape == (len(forced) + 1, lm.vocab.size)
     for i in range(len(forced) + 1):
         assert close(rows[i], fresh(prompt + forced[:i]))
+
+
+def test_logprobs_along_many_in_one_decode(path: str, fresh) -> None:
+    lm = LlamaCppLM(path, n_ctx=512, n_threads=THREADS, max_slots=4)
+    prompt = tuple(lm.encode(PROMPT))
+    lm.next_logprobs([prompt])
+    requests = [(prompt, tuple(lm.encode(".math"))), ((*prompt, 30), ()),
+                ((*prompt, 30, 1500), (1501, 1502))]
+    calls = lm.decode_calls
+    got = lm.logprobs_along_many(requests)
+    assert lm.decode_calls == calls + 1
+    for (prefix, chain), rows in zip(requests, got, strict=True):
+        assert rows.shape == (len(chain) + 1, lm.vocab.size)
+        for i in range(len(chain) + 1):
+            assert close(rows[i], fresh(prefix + chain[:i]))

@@ -150,3 +150,17 @@ def test_logprobs_along_is_one_forward_with_every_position(tiny):
     after = lm.next_logprobs([(*prompt, *forced, 7)])  # the chain's state was kept
     assert lm.fed_tokens == 26
     assert np.abs(after[0] - fresh(model, [*prompt, *forced, 7])).max() < 1e-4
+
+
+def test_logprobs_along_many_batches_chains_of_different_lengths(tiny):
+    model, tok = tiny
+    lm = TransformersLM(model, tok)
+    prompt = tuple(range(10, 30))
+    lm.next_logprobs([prompt])
+    requests = [(prompt, (40, 41, 42)), ((*prompt, 7), ()), ((*prompt, 8, 9), (50,))]
+    got = lm.logprobs_along_many(requests)
+    assert lm.forward_calls == 2  # one pass for the three chains
+    for (prefix, chain), rows in zip(requests, got, strict=True):
+        assert rows.shape == (len(chain) + 1, lm.vocab.size)
+        for i in range(len(chain) + 1):
+            assert np.abs(rows[i] - fresh(model, list(prefix + chain[:i]))).max() < 1e-4

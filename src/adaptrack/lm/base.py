@@ -54,21 +54,31 @@ class LanguageModel(ABC):
         is the distribution after ``prefix + tokens[:i]``, shape ``(len(tokens) + 1, V)``.
 
         Fast-forward feeds forced tokens this way: backends override
-        :meth:`_logprobs_along` with one forward pass (a short prefill) instead of
+        :meth:`_logprobs_along_many` with one forward pass (a short prefill) instead of
         ``len(tokens) + 1`` prefixes.
         """
-        prefix, tokens = tuple(prefix), tuple(int(t) for t in tokens)
-        out = np.asarray(self._logprobs_along(prefix, tokens), dtype=np.float64)
-        if out.shape != (len(tokens) + 1, self.vocab.size):
-            raise ModelOutputError(
-                f"{type(self).__name__} returned scores of shape {out.shape}, expected "
-                f"({len(tokens) + 1}, {self.vocab.size})"
-            )
-        self.calls += len(tokens) + 1
+        return self.logprobs_along_many([(prefix, tokens)])[0]
+
+    def logprobs_along_many(
+        self, requests: Sequence[tuple[Prefix, Sequence[int]]]
+    ) -> list[np.ndarray]:
+        """:meth:`logprobs_along` for several (prefix, tokens) pairs in one batch."""
+        reqs = [(tuple(p), tuple(int(t) for t in toks)) for p, toks in requests]
+        out = [np.asarray(a, dtype=np.float64) for a in self._logprobs_along_many(reqs)]
+        for (_, toks), rows in zip(reqs, out, strict=True):
+            if rows.shape != (len(toks) + 1, self.vocab.size):
+                raise ModelOutputError(
+                    f"{type(self).__name__} returned scores of shape {rows.shape}, expected "
+                    f"({len(toks) + 1}, {self.vocab.size})"
+                )
+        self.calls += sum(len(toks) + 1 for _, toks in reqs)
         return out
 
-    def _logprobs_along(self, prefix: Prefix, tokens: Prefix) -> np.ndarray:
-        return self._next_logprobs([prefix + tokens[:i] for i in range(len(tokens) + 1)])
+    def _logprobs_along_many(self, requests: list[tuple[Prefix, Prefix]]) -> list[np.ndarray]:
+        flat = [p + toks[:i] for p, toks in requests for i in range(len(toks) + 1)]
+        rows = self._next_logprobs(flat) if flat else np.empty((0, self.vocab.size))
+        ends = np.cumsum([len(toks) + 1 for _, toks in requests])[:-1]
+        return list(np.split(np.asarray(rows), ends))
 
     def text_tokens(self, text: str) -> list[int]:
         """Token ids of ``text`` without BOS or other special tokens: the canonical

@@ -83,12 +83,18 @@ class TransformersLM(LanguageModel):
             out[rows] = logprobs
         return out
 
-    def _logprobs_along(self, prefix: Prefix, tokens: Prefix) -> np.ndarray:
-        if not prefix:
+    def _logprobs_along_many(self, requests: list[tuple[Prefix, Prefix]]) -> list[np.ndarray]:
+        if any(not p for p, _ in requests):
             raise ValueError("the model needs at least one token of context: give a "
                              "non-empty prompt")
-        with torch.inference_mode():
-            return self._forward([prefix + tokens], outputs=len(tokens) + 1)
+        out: list[np.ndarray] = []
+        for start in range(0, len(requests), self.max_batch):
+            chunk = requests[start:start + self.max_batch]
+            outputs = [len(toks) + 1 for _, toks in chunk]
+            with torch.inference_mode():
+                rows = self._forward([p + toks for p, toks in chunk], outputs)
+            out += np.split(rows, np.cumsum(outputs)[:-1])
+        return out
 
     def _source(self, prefix: Prefix, outputs: int = 1) -> tuple[int, KV | None, Prefix]:
         """The kept state sharing the longest prefix with ``prefix``: the shared length
@@ -102,11 +108,11 @@ class TransformersLM(LanguageModel):
                     best, best_kv, best_tokens = n, kv, tokens
         return min(best, len(prefix) - outputs), best_kv, best_tokens
 
-    def _forward(self, prefixes: list[Prefix], outputs: int = 1) -> np.ndarray:
-        """Log-probs after each prefix; with one prefix and ``outputs`` > 1, after each of
-        its last ``outputs`` positions (one forward pass either way)."""
-        assert outputs == 1 or len(prefixes) == 1
-        found = [self._source(p, outputs) for p in prefixes]
+    def _forward(self, prefixes: list[Prefix], outputs: list[int] | None = None) -> np.ndarray:
+        """Log-probs after each prefix, one forward pass; with ``outputs``, after each of the
+        last ``outputs[r]`` positions of prefix ``r``, rows in order."""
+        outs = outputs or [1] * len(prefixes)
+        found = [self._source(p, k) for p, k in zip(prefixes, outs, strict=True)]
         sources = [(n, kv) for n, kv, _ in found]
         kept = [n for n, _ in sources]
         new = [p[n:] for p, n in zip(prefixes, kept, strict=True)]
@@ -127,14 +133,16 @@ class TransformersLM(LanguageModel):
         if rows > 1:  # one row has no padding, so no mask
             kwargs["attention_mask"] = mask
         # Right padding: row r's last real token sits at index len(new[r]) - 1.
-        out = self.model(**kwargs, logits_to_keep=steps if rows > 1 else outputs)
+        out = self.model(**kwargs, logits_to_keep=steps if rows > 1 else outs[0])
         self.forward_calls += 1
         self.fed_tokens += sum(len(t) for t in new)
         if rows == 1:
-            logits = out.logits[0, -outputs:]
-        else:
-            last = torch.tensor([len(t) - 1 for t in new], device=dev)
-            logits = out.logits[torch.arange(rows, device=dev), last]
+            logits = out.logits[0, -outs[0]:]
+        else:  # row r's outputs end at its last real token, index len(new[r]) - 1
+            row_ids = [r for r, k in enumerate(outs) for _ in range(k)]
+            col_ids = [len(new[r]) - k + j for r, k in enumerate(outs) for j in range(k)]
+            logits = out.logits[torch.tensor(row_ids, device=dev),
+                                torch.tensor(col_ids, device=dev)]
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         if self.reuse:
             self._keep(prefixes, kept, new, width, out.past_key_values,

@@ -185,15 +185,22 @@ class LlamaCppLM(LanguageModel):
                               for i in range(0, len(unique), self.max_slots)])
         return out if len(unique) == len(prefixes) else out[[rows[tuple(p)] for p in prefixes]]
 
-    def _logprobs_along(self, prefix: Prefix, tokens: Prefix) -> np.ndarray:
-        full = prefix + tokens
-        if not prefix:
-            raise ValueError("the model needs at least one token of context: give a "
-                             "non-empty prompt")
-        if len(full) > self.n_ctx:
-            raise ValueError(f"a prefix of {len(full)} tokens exceeds the context size "
-                             f"n_ctx={self.n_ctx}; load the model with a larger n_ctx")
-        return self._decode([full], outputs=len(tokens) + 1)
+    def _logprobs_along_many(self, requests: list[tuple[Prefix, Prefix]]) -> list[np.ndarray]:
+        for prefix, tokens in requests:
+            if not prefix:
+                raise ValueError("the model needs at least one token of context: give a "
+                                 "non-empty prompt")
+            if len(prefix) + len(tokens) > self.n_ctx:
+                raise ValueError(f"a prefix of {len(prefix) + len(tokens)} tokens exceeds the "
+                                 f"context size n_ctx={self.n_ctx}; load the model with a "
+                                 "larger n_ctx")
+        out: list[np.ndarray] = []
+        for start in range(0, len(requests), self.max_slots):
+            chunk = requests[start:start + self.max_slots]
+            outputs = [len(toks) + 1 for _, toks in chunk]
+            rows = self._decode([p + toks for p, toks in chunk], outputs)
+            out += np.split(rows, np.cumsum(outputs)[:-1])
+        return out
 
     def _claim(self, p: Prefix, claimed: list[int], outputs: int = 1) -> tuple[int, int]:
         """Pick the seq id for ``p`` and cut its KV to the part shared with ``p``; return
@@ -220,23 +227,24 @@ class LlamaCppLM(LanguageModel):
         self._slots[seq], self._used[seq] = p[:n], next(self._clock)
         return seq, n
 
-    def _decode(self, chunk: list[Prefix], outputs: int = 1) -> np.ndarray:
+    def _decode(self, chunk: list[Prefix], outputs: list[int] | None = None) -> np.ndarray:
         """Log-probs after each prefix of ``chunk`` (at most ``max_slots``, distinct); with
-        one prefix and ``outputs`` > 1, after each of its last ``outputs`` positions."""
+        ``outputs``, after each of the last ``outputs[r]`` positions of prefix ``r``."""
         ll = self._ll
+        outs = outputs or [1] * len(chunk)
         claimed: list[int] = []
         i = 0
-        for p in chunk:
-            seq, n = self._claim(p, claimed, outputs)
+        for p, want in zip(chunk, outs, strict=True):
+            seq, n = self._claim(p, claimed, want)
             claimed.append(seq)
             k = len(p) - n
             if i + k > self.n_ctx:  # cannot fit in the cache together: one at a time
-                return np.concatenate([self._decode([q]) for q in chunk])
+                return self._one_at_a_time(chunk, outs)
             self._tok[i:i + k] = p[n:]
             self._pos[i:i + k] = np.arange(n, len(p))
             self._seq_ptr[i:i + k] = self._seq_ids.ctypes.data + seq * self._seq_ids.itemsize
             self._logits[i:i + k] = 0
-            self._logits[i + k - outputs:i + k] = 1
+            self._logits[i + k - want:i + k] = 1
             i += k
         fed = self._tok[:i]
         if fed.min() < 0 or fed.max() >= self.vocab.size:
@@ -249,7 +257,7 @@ class LlamaCppLM(LanguageModel):
                 if len(chunk) == 1:
                     raise RuntimeError(f"llama.cpp found no KV room for {len(chunk[0])} tokens "
                                        f"(n_ctx={self.n_ctx})")
-                return np.concatenate([self._decode([q]) for q in chunk])
+                return self._one_at_a_time(chunk, outs)
         if ret != 0:  # after a fatal error the cache holds an unknown part of the batch
             self.clear_cache()
             raise RuntimeError(f"llama_decode failed with code {ret}")
@@ -260,13 +268,16 @@ class LlamaCppLM(LanguageModel):
         # Output rows come in batch order, one per prefix. The normalizer is computed in
         # float32 (summed in float64), which is twice as fast and changes results by ~1e-9.
         logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
-                                       shape=(len(chunk) * outputs, self.vocab.size))
+                                       shape=(sum(outs), self.vocab.size))
         top = logits.max(axis=1, keepdims=True)
         exp = np.exp(logits - top)
         lse = np.log(exp.sum(axis=1, keepdims=True, dtype=np.float64))
         out = logits.astype(np.float64)
         out -= top + lse
         return out
+
+    def _one_at_a_time(self, chunk: list[Prefix], outs: list[int]) -> np.ndarray:
+        return np.concatenate([self._decode([q], [w]) for q, w in zip(chunk, outs, strict=True)])
 
     def _evict(self, claimed: list[int]) -> bool:
         """Drop the least recently used slot that this batch does not use; False if none."""

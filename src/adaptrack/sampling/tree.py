@@ -216,8 +216,8 @@ class PrefixTree:
             self.lm_calls += len(plain)
             for node, row in zip(plain, logprobs, strict=True):
                 self._store(node, self._facts(node, row))
-        for node in chains:
-            self._feed_forced(node)
+        if chains:
+            self._feed_forced(chains)
         self._evict(keep=todo)
 
     def _store(self, node: Node, expansion: Expansion) -> None:
@@ -242,15 +242,22 @@ class PrefixTree:
             node.pending = tokens
         return node.pending
 
-    def _feed_forced(self, node: Node) -> None:
-        """Fast-forward: the chain of forced tokens from ``node`` in one model call (a short
-        prefill) that gives every position's distribution, so Q sees each forced token's
-        probability exactly; the node after the chain gets its facts from the same call."""
-        chain = node.pending or ()
-        rows = self.lm.logprobs_along(self.prompt + node.tokens, chain)
-        self.lm_calls += 1
-        self.ff_sequences += 1
-        self.forced_tokens += len(chain)
+    def _feed_forced(self, heads: list[Node]) -> None:
+        """Fast-forward: each head's chain of forced tokens in one model call (a short
+        prefill; the chains of all waiting walks share one batch) that gives every
+        position's distribution, so Q sees each forced token's probability exactly; the
+        node after a chain gets its facts from the same call."""
+        chains = [head.pending or () for head in heads]
+        found = self.lm.logprobs_along_many(
+            [(self.prompt + head.tokens, chain) for head, chain in zip(heads, chains,
+                                                                         strict=True)])
+        self.lm_calls += len(heads)
+        self.ff_sequences += len(heads)
+        self.forced_tokens += sum(len(c) for c in chains)
+        for node, chain, rows in zip(heads, chains, found, strict=True):
+            self._follow(node, chain, rows)
+
+    def _follow(self, node: Node, chain: tuple[int, ...], rows: np.ndarray) -> None:
         for i, tok in enumerate(chain):
             if node.expansion is None:
                 self._store(node, self._facts(node, rows[i]))
