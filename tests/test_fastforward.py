@@ -15,7 +15,7 @@ from adaptrack.constraints import DONE, Matcher, State, json_schema, regex
 from adaptrack.tokenization.fastforward import Tokenizer, forced_tokens
 from adaptrack.tokenization.vocab import Vocabulary
 
-LLAMA3 = Path("/work/shared/tokenizers/llama3")
+LLAMA3 = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama3"  # ../shared
 
 # The seed's two schemas: optional orderId/orderName; required name_of_the_person/age.
 ORDER_SCHEMA = {
