@@ -305,25 +305,24 @@ def _walk(canon: list[int], text: bytes, tok: Any, matcher: Any, llm: Any,
                 else:
                     note("disagreement", text, i, canon, ours, theirs,
                          matcher.forced_bytes(state))
-            step = 1
-            if ours:
-                s["ff_sequences"] += 1
-                if canon[i:i + len(ours)] == ours:
-                    s["forced_tokens"] += len(ours)
-                    step = len(ours)
-                else:
-                    s["noncanonical"] += 1
-                    note("noncanonical", text, i, canon, ours, None,
-                         matcher.forced_bytes(state))
+            step = _count_forced(s, "", canon, i, ours)
+            if ours and canon[i:i + len(ours)] != ours:
+                note("noncanonical", text, i, canon, ours, None, matcher.forced_bytes(state))
             ours_pos += step
         if ll_pos == i:
-            step = 1
-            if theirs:
-                s["llguidance_ff_sequences"] += 1
-                if canon[i:i + len(theirs)] == theirs:
-                    s["llguidance_forced_tokens"] += len(theirs)
-                    step = len(theirs)
-                else:
-                    s["llguidance_noncanonical"] += 1
-            ll_pos += step
+            ll_pos += _count_forced(s, "llguidance_", canon, i, theirs)
     return s
+
+
+def _count_forced(s: dict[str, Any], side: str, canon: list[int], i: int,
+                  forced: list[int]) -> int:
+    """Count one side's forced tokens at position ``i`` of the walk; the positions to move:
+    past them when they are the canonical tokens, else one canonical token."""
+    if not forced:
+        return 1
+    s[side + "ff_sequences"] += 1
+    if canon[i:i + len(forced)] == forced:
+        s[side + "forced_tokens"] += len(forced)
+        return len(forced)
+    s[side + "noncanonical"] += 1
+    return 1

@@ -119,11 +119,8 @@ class Anything(Constraint):
 class _AnythingMatcher(Matcher):
     def __init__(self, vocab: Vocabulary, terminators: bytes) -> None:
         self.vocab, self.terminators = vocab, terminators
-        ends = [
-            i for i in vocab.text_ids.tolist()
-            if any(vocab.bytes_of(i).find(t) >= 0 for t in terminators)
-        ] if terminators else []
-        self._ending = frozenset(ends)
+        ends = vocab.tokens_holding(terminators)
+        self._ending = frozenset(ends.tolist())
         allowed = np.zeros(vocab.size, dtype=bool)
         allowed[vocab.text_ids] = True
         allowed[vocab.eos_ids] = True

@@ -150,19 +150,7 @@ class _Wrapper:
 
     def __call__(self, text: str | bytes) -> list[int]:
         # Only llguidance's forcing tokenizes, and it is off; greedy matching is enough.
-        data = text.encode() if isinstance(text, str) else bytes(text)
-        ids, pos, trie = [], 0, self.vocab.trie
-        while pos < len(data):
-            node, best, i = 0, None, pos
-            while i < len(data) and (node := trie.children[node].get(data[i])) is not None:
-                i += 1
-                if len(trie.ends[node]):
-                    best = (int(trie.ends[node][0]), i)
-            if best is None:
-                raise ValueError(f"no token starts {data[pos:pos + 10]!r}")
-            ids.append(best[0])
-            pos = best[1]
-        return ids
+        return self.vocab.longest_match(text.encode() if isinstance(text, str) else bytes(text))
 
 
 class _LLVocab:

@@ -108,8 +108,7 @@ class PredicateMatcher(Matcher):
         candidates[vocab.text_ids] = True
         ending = np.zeros(vocab.size, dtype=bool)
         if self.terminators:
-            ending[[i for i in vocab.text_ids.tolist()
-                    if any(b in self.terminators for b in vocab.bytes_of(i))]] = True
+            ending[vocab.tokens_holding(self.terminators)] = True
         else:
             candidates[vocab.eos_ids] = True
             ending[vocab.eos_ids] = True

@@ -43,19 +43,10 @@ class TableLM(LanguageModel):
 
     def encode(self, text: str) -> list[int]:
         """Greedy longest-match tokenization of ``text`` (special tokens never match)."""
-        data, ids, pos = text.encode(), [], 0
-        trie = self.vocab.trie
-        while pos < len(data):
-            node, best, i = 0, None, pos
-            while i < len(data) and (node := trie.children[node].get(data[i])) is not None:
-                i += 1
-                if len(trie.ends[node]):
-                    best = (int(trie.ends[node][0]), i)
-            if best is None:
-                raise ValueError(f"TableLM cannot encode {data[pos:]!r}: no token starts there")
-            ids.append(best[0])
-            pos = best[1]
-        return ids
+        try:
+            return self.vocab.longest_match(text.encode())
+        except ValueError as err:
+            raise ValueError(f"TableLM {err}") from None
 
     def _next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         out = np.empty((len(prefixes), self.vocab.size))

@@ -110,7 +110,7 @@ class Tokenizer:
     def longest_match(cls, vocab: Vocabulary) -> Tokenizer:
         """A tokenizer that encodes by greedy longest match over ``vocab`` (for toy
         vocabularies, where that is the canonical tokenization by definition)."""
-        return cls(vocab, lambda text: _greedy(vocab, text.encode()))
+        return cls(vocab, lambda text: vocab.longest_match(text.encode()))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Tokenizer:
@@ -195,7 +195,7 @@ class Tokenizer:
             except UnicodeDecodeError as err:
                 if err.start:
                     out += self._encode_text(data[pos:pos + err.start].decode())
-                out += _greedy(self.vocab, data[pos + err.start:pos + err.end])
+                out += self.vocab.longest_match(data[pos + err.start:pos + err.end])
                 pos += err.end
         return out
 
@@ -337,23 +337,6 @@ class Tokenizer:
         return self._partial(data, recent_tokens, max_tokens, None)
 
 
-def _greedy(vocab: Vocabulary, data: bytes) -> list[int]:
-    """Greedy longest-match tokenization over the token trie (ids ending at a node: the
-    lowest). Raises ``ValueError`` where no token starts."""
-    trie, ids, pos = vocab.trie, [], 0
-    while pos < len(data):
-        node, best, i = 0, None, pos
-        while i < len(data) and (node := trie.children[node].get(data[i])) is not None:
-            i += 1
-            if len(trie.ends[node]):
-                best = (int(trie.ends[node].min()), i)
-        if best is None:
-            raise ValueError(f"no token starts with {data[pos:pos + 10]!r}")
-        ids.append(best[0])
-        pos = best[1]
-    return ids
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -400,7 +383,7 @@ class _ConstraintCheck:
         state = self.states[k]
         rest = self.data[self.offsets[k]:idx]
         if rest:
-            for tok in _greedy(self.tokenizer.vocab, rest):
+            for tok in self.tokenizer.vocab.longest_match(rest):
                 state = self._advance(state, tok)
         return state
 

@@ -111,6 +111,34 @@ class Vocabulary:
     def trie(self) -> TokenTrie:
         return TokenTrie(self.token_bytes)
 
+    def longest_match(self, data: bytes) -> list[int]:
+        """Token ids of ``data`` by greedy longest match over the token trie (the lowest id
+        where several tokens have the same bytes); ``ValueError`` where no token starts.
+
+        >>> Vocabulary([b"a", b"ab", b"b"]).longest_match(b"abab")
+        [1, 1]
+        """
+        trie, ids, pos = self.trie, [], 0
+        while pos < len(data):
+            node, best, i = 0, None, pos
+            while i < len(data) and (node := trie.children[node].get(data[i])) is not None:
+                i += 1
+                if len(trie.ends[node]):
+                    best = (int(trie.ends[node][0]), i)
+            if best is None:
+                raise ValueError(f"cannot encode {data[pos:pos + 10]!r}: no token starts there")
+            ids.append(best[0])
+            pos = best[1]
+        return ids
+
+    def tokens_holding(self, data: bytes) -> np.ndarray:
+        """Sorted ids of the text tokens that contain any byte of ``data`` (terminators)."""
+        if not data:
+            return np.empty(0, dtype=np.int64)
+        wanted = set(data)
+        return np.asarray([i for i in self.text_ids.tolist()
+                           if not wanted.isdisjoint(self.bytes_of(i))], dtype=np.int64)
+
     @cached_property
     def text_ids(self) -> np.ndarray:
         """Ids of all tokens with bytes (what an unconstrained step may emit besides EOS)."""
