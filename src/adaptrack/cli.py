@@ -65,6 +65,21 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _names(allowed: tuple[str, ...] | list[str]) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated list of names from ``allowed``, in the order given."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"{bad[0]!r} is not one of {', '.join(allowed)}" if bad else "is empty")
+        return names
+
+    parse.__name__ = "list"
+    return parse
+
+
 # argparse names the type in "invalid integer value"
 _positive_int.__name__ = _non_negative_int.__name__ = "integer"
 _non_negative_float.__name__ = _probability.__name__ = "number"
@@ -157,6 +172,65 @@ def _build_parser() -> _Parser:
                                                       "default model)")
     demo.add_argument("--backend", choices=BACKENDS, help="backend for the model demo")
     demo.add_argument("--device", choices=DEVICES, help="device for the model demo")
+
+    ev = sub.add_parser("eval", help="run an evaluation of the paper (TFv1, binary)",
+                        description="Run an evaluation into a JSONL results file; an "
+                                    "interrupted run resumes where it stopped.")
+    ev_sub = ev.add_subparsers(dest="eval", required=True, parser_class=_Parser)
+    tf = ev_sub.add_parser(
+        "tfv1", help="paper RQ1: complete a TensorFlow v1-only API in the v1 and v2 settings",
+        description="Per TFv1 problem, method and setting: one greedy and n sampled "
+                    "completions; EM@k and LM calls per sample (paper Tables 1 and 5).",
+    )
+    tf.add_argument("--methods", type=_names(METHODS), metavar="M,M",
+                    default="unconstrained,cd,adaptrack,exact",
+                    help="comma-separated methods (default: unconstrained,cd,adaptrack,exact)")
+    tf.add_argument("--settings", type=_names(("v1", "v2")), default="v1,v2", metavar="S,S",
+                    help="TensorFlow settings: v1, v2 or both (default: v1,v2)")
+    tf.add_argument("-n", type=_positive_int, default=20,
+                    help="sampled completions per problem (default: 20)")
+    tf.add_argument("--limit", type=_positive_int, metavar="N",
+                    help="run the first N of the 416 problems (a fixed shuffled order)")
+    tf.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N",
+                    help="most tokens per completion (default: 32)")
+    binary = ev_sub.add_parser(
+        "binary", help="paper RQ4: five random bits, KL to the exact target",
+        description="Five random bits on a real model: valid are 00000 and any string "
+                    "starting with 1. KL of each method's samples to the exact target "
+                    "(by enumeration) and the paper's sample-based KL (Table 4, Figure 4).",
+    )
+    binary.add_argument("--methods", type=_names(METHODS), metavar="M,M",
+                        default="cd,asap,adaptrack,exact",
+                        help="comma-separated methods (default: cd,asap,adaptrack,exact; "
+                             "adaptrack shares Q across samples, as in the paper)")
+    binary.add_argument("-n", type=_positive_int, default=2000,
+                        help="samples per method (default: 2000)")
+    for parser_ in (tf, binary):
+        parser_.add_argument("-o", "--out", metavar="FILE", required=True,
+                             help="the JSONL results file (appended to when it exists)")
+        parser_.add_argument("--model", metavar="SPEC",
+                             help="a .gguf path, a Hugging Face id or a local directory "
+                                  "(default: the default model)")
+        parser_.add_argument("--backend", choices=BACKENDS, default="auto")
+        parser_.add_argument("--device", choices=DEVICES, default="auto")
+        parser_.add_argument("--temperature", type=_non_negative_float, default=1.0,
+                             metavar="T", help="sampling temperature (default: 1.0)")
+        parser_.add_argument("--seed", type=int, default=0, metavar="INT",
+                             help="random seed (default: 0)")
+        parser_.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                             help="local worker processes, each loading the model "
+                                  "(default: 1)")
+        parser_.add_argument("--no-report", action="store_true",
+                             help="do not print the report at the end")
+
+    report = sub.add_parser(
+        "report", help="tables and plots from an `adaptrack eval` results file",
+        description="Markdown tables shaped like the paper's (Tables 1 and 5 for tfv1, "
+                    "Table 4 for binary) and PNG plots (EM@k; KL over sliding windows).",
+    )
+    report.add_argument("results", metavar="RESULTS.jsonl")
+    report.add_argument("--plots", metavar="DIR",
+                        help="write PNG plots into DIR (needs matplotlib)")
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)",
                            description="Benchmarks; the last stdout line is one JSON object.")
@@ -360,6 +434,86 @@ def _bench(args: argparse.Namespace) -> None:
                       for k, v in result.items()}, ensure_ascii=False), file=sys.stdout)
 
 
+class _Progress:
+    """Jobs done out of all, with an ETA from this session's pace: a tqdm bar on a
+    terminal, else a line on stderr every 30 s (for logs)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.bar, self.total, self.count = what, None, 0, 0
+
+    def start(self, done: int, todo: int) -> None:
+        import time
+
+        self.total, self.count, self.new = done + todo, done, 0
+        self.started = self.last = time.monotonic()
+        if done:
+            print(f"adaptrack: resuming: {done} of {self.total} {self.what} already in the "
+                  "results file", file=sys.stderr)
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, initial=done, unit=self.what[:-1] or "job",
+                                file=sys.stderr, smoothing=0.05)
+            except ImportError:
+                pass
+
+    def update(self, _: Any = None) -> None:
+        import time
+
+        self.count += 1
+        self.new += 1
+        if self.bar is not None:
+            self.bar.update()
+            return
+        now = time.monotonic()
+        if now - self.last >= 30 or self.count == self.total:
+            self.last = now
+            eta = (now - self.started) / self.new * (self.total - self.count)
+            print(f"adaptrack: {self.count}/{self.total} {self.what}, "
+                  f"{(now - self.started) / 60:.1f} min, ETA {eta / 60:.1f} min",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .eval import runner
+
+    if args.eval == "tfv1":
+        from .eval.tfv1 import TFv1Task
+
+        task: Any = TFv1Task(model=args.model, backend=args.backend, device=args.device,
+                             methods=args.methods, settings=args.settings, n=args.n,
+                             limit=args.limit, temperature=args.temperature,
+                             max_new_tokens=args.max_new_tokens, seed=args.seed)
+    else:
+        from .eval.binary import BinaryTask
+
+        task = BinaryTask(model=args.model, backend=args.backend, device=args.device,
+                          methods=args.methods, n=args.n, temperature=args.temperature,
+                          seed=args.seed)
+    progress = _Progress("jobs")
+    try:
+        runner.run(task, args.out, workers=args.workers, on_start=progress.start,
+                   on_record=progress.update)
+    finally:
+        progress.close()
+    print(f"results: {args.out}", file=sys.stderr)
+    if not args.no_report:
+        from .eval.report import report
+
+        print(report(args.out), file=sys.stdout)
+
+
+def _report(args: argparse.Namespace) -> None:
+    from .eval.report import report
+
+    print(report(args.results, plots=args.plots), file=sys.stdout)
+
+
 def _one_line(err: BaseException) -> str:
     return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or (
         type(err).__name__)
@@ -369,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the ``adaptrack`` command; returns the exit status."""
     try:
         args = _build_parser().parse_args(argv)
-        commands = {"setup": _setup, "generate": _generate, "demo": _demo, "bench": _bench}
+        commands = {"setup": _setup, "generate": _generate, "demo": _demo, "bench": _bench,
+                    "eval": _eval, "report": _report}
         try:
             commands[args.command](args)
         except (AdaptrackError, ValueError) as err:  # the library's errors say how to fix them

@@ -23,6 +23,7 @@ def load_model(
     *,
     backend: str = "auto",
     device: str = "auto",
+    threads: int | None = None,
     **options: Any,
 ) -> LanguageModel:
     """Load a language model for :func:`adaptrack.generate`.
@@ -32,7 +33,8 @@ def load_model(
     (transformers), or a ``.gguf`` path (llama.cpp when ``llama-cpp-python`` is installed,
     else transformers' GGUF loader, whose de-quantized weights are cached so later loads
     take about a second). ``backend`` forces ``transformers`` or ``llamacpp``; ``device`` is
-    ``cpu``, ``cuda`` or ``auto`` (CUDA when available; half precision there). Other
+    ``cpu``, ``cuda`` or ``auto`` (CUDA when available; half precision there). ``threads``:
+    CPU threads for the model (llama.cpp's ``n_threads``, torch's intra-op threads). Other
     keyword options go to the backend (``max_batch``, ``max_states`` for transformers;
     ``n_ctx``, ``n_threads``, ``max_slots`` for llama.cpp).
 
@@ -61,10 +63,22 @@ def load_model(
     if backend == "llamacpp":
         from .llamacpp import LlamaCppLM
 
+        if threads is not None:
+            options.setdefault("n_threads", threads)
         lm = LlamaCppLM(path, **options)
         lm.name = str(spec or path)
         return lm
+    if threads is not None:
+        _torch_threads(threads)
     return _load_transformers(path if is_gguf else str(spec), is_gguf, device, options)
+
+
+def _torch_threads(threads: int) -> None:
+    try:
+        import torch
+    except ImportError:
+        return  # _load_transformers says what to install
+    torch.set_num_threads(threads)
 
 
 def _load_transformers(

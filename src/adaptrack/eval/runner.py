@@ -1,0 +1,283 @@
+"""Run an evaluation's jobs into a resumable JSONL file, in this process or over workers.
+
+An evaluation is a :class:`Task`: a picklable description (model, sampling options) that
+lists its jobs (one problem × method × setting each), loads what it needs once per worker
+(:meth:`Task.setup`) and turns one job into one JSON record (:meth:`Task.run`). A
+:class:`Pool` runs jobs and yields records as they finish: :class:`InProcess` (one at a
+time, here) and :class:`Processes` (local worker processes). A distributed pool (a cluster
+queue, Ray, …) is another class with the same ``imap`` method; :func:`run` does not change.
+
+The results file starts with one header line, ``{"header": {...task.config()}}``; each later
+line is one job's record, written and flushed as soon as the job finishes. :func:`run` on an
+existing file checks that the header matches (else :class:`ResultsMismatchError`, which
+says which option differs), skips the jobs already recorded and appends the rest, so an
+interrupted run resumes without losing or redoing work. A line cut short by an interrupt is
+dropped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import AdaptrackError
+
+Job = dict[str, Any]
+Record = dict[str, Any]
+
+
+class ResultsMismatchError(AdaptrackError):
+    """The results file was written by a run with other options; it is not appended to."""
+
+
+class Task(Protocol):
+    """An evaluation: jobs, a once-per-worker setup, and one job → one JSON record."""
+
+    def config(self) -> dict[str, Any]:
+        """The options that decide the results (written to, and checked against, the header)."""
+        ...
+
+    def jobs(self) -> list[Job]:
+        """Every job, each a JSON object with a unique ``"key"``."""
+        ...
+
+    def setup(self, threads: int | None = None) -> None:
+        """Load the model (once per worker; ``threads``: CPU threads it may use)."""
+        ...
+
+    def run(self, job: Job) -> Record:
+        """Do one job; the record must be JSON and hold the job's ``"key"``."""
+        ...
+
+
+class Pool(Protocol):
+    """Runs jobs of a task and yields their records in the order they finish."""
+
+    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]: ...
+
+
+class InProcess:
+    """Run jobs one after another in this process."""
+
+    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
+        if jobs:
+            task.setup()
+        for job in jobs:
+            yield task.run(job)
+
+
+_WORKER_TASK: Task | None = None
+
+
+def _init_worker(task: Task, threads: int) -> None:
+    global _WORKER_TASK
+    task.setup(threads)
+    _WORKER_TASK = task
+
+
+def _run_in_worker(job: Job) -> Record:
+    assert _WORKER_TASK is not None
+    return _WORKER_TASK.run(job)
+
+
+class Processes:
+    """Spread jobs over ``workers`` local processes, each loading the model once and
+    using ``cpu_count // workers`` threads. Jobs are handed out in order, a few ahead, so
+    neighbouring jobs (the same problem's methods) stay close in time."""
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.workers = workers
+
+    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
+        if not jobs:
+            return
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        # spawn, not fork: a forked copy of a process that holds model threads can hang.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(task, threads)) as executor:
+            pending: set[Future[Record]] = set()
+            queue = iter(jobs)
+            try:
+                for job in queue:
+                    pending.add(executor.submit(_run_in_worker, job))
+                    if len(pending) >= 2 * self.workers:
+                        break
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        yield future.result()
+                        nxt = next(queue, None)
+                        if nxt is not None:
+                            pending.add(executor.submit(_run_in_worker, nxt))
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+
+
+def pool(workers: int = 1) -> Pool:
+    """:class:`InProcess` for one worker, else :class:`Processes`."""
+    return InProcess() if workers == 1 else Processes(workers)
+
+
+class ResultsFile:
+    """A JSONL results file: a header line, then one record per finished job."""
+
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.header = header
+        self.records: list[Record] = []
+        if self.path.exists() and self.path.stat().st_size:
+            self._load()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._write_line({"header": header}, mode="w")
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) < len(data):  # a line cut short by an interrupt: drop it
+            with open(self.path, "r+b") as f:
+                f.truncate(len(complete))
+        lines = complete.decode("utf-8").splitlines()
+        try:
+            first = json.loads(lines[0]) if lines else {}
+        except json.JSONDecodeError:
+            first = {}
+        if "header" not in first:
+            raise ResultsMismatchError(
+                f"{self.path} is not an adaptrack results file (no header line); "
+                "pass a new file name"
+            )
+        old = first["header"]
+        keys = sorted(set(old) | set(self.header))
+        differ = [k for k in keys if old.get(k) != self.header.get(k)]
+        if differ:
+            shown = ", ".join(f"{k}: file {old.get(k)!r}, now {self.header.get(k)!r}"
+                              for k in differ)
+            raise ResultsMismatchError(
+                f"{self.path} was written with other options ({shown}); resume with the "
+                "same options or pass a new file name"
+            )
+        for number, line in enumerate(lines[1:], 2):
+            try:
+                self.records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ResultsMismatchError(
+                    f"{self.path} line {number} is not JSON ({err.msg}); fix or delete that "
+                    "line to resume"
+                ) from None
+
+    @property
+    def done(self) -> set[str]:
+        return {r["key"] for r in self.records}
+
+    def append(self, record: Record) -> None:
+        self._write_line(record, mode="a")
+        self.records.append(record)
+
+    def _write_line(self, obj: dict[str, Any], mode: str) -> None:
+        with open(self.path, mode, encoding="utf-8") as f:
+            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_results(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
+    """The header and records of a results file, plain or gzipped (``.gz``); a line cut
+    short at the end is ignored."""
+    try:
+        raw = Path(path).read_bytes()
+        data = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8")
+    except OSError as err:
+        raise AdaptrackError(f"cannot read results file {str(path)!r}: "
+                             f"{err.strerror or err}") from None
+    lines = data.splitlines()
+    if data and not data.endswith("\n"):
+        lines = lines[:-1]
+    try:
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except json.JSONDecodeError as err:
+        raise AdaptrackError(f"{path} is not JSONL: {err.msg}") from None
+    if not rows or "header" not in rows[0]:
+        raise AdaptrackError(f"{path} is not an adaptrack results file (no header line)")
+    return rows[0]["header"], rows[1:]
+
+
+def run(
+    task: Task,
+    path: str | os.PathLike[str],
+    workers: Pool | int = 1,
+    on_start: Callable[[int, int], None] | None = None,
+    on_record: Callable[[Record], None] | None = None,
+) -> list[Record]:
+    """Run ``task``'s jobs not yet in ``path``, appending each record as it finishes.
+
+    ``workers``: a :class:`Pool` or a number of local processes. ``on_start(done, todo)``
+    is called once before any job runs and ``on_record`` after each (progress hooks).
+    Returns every record in the file, old and new.
+    """
+    results = ResultsFile(path, task.config())
+    done = results.done
+    jobs = [j for j in task.jobs() if j["key"] not in done]
+    keys = [j["key"] for j in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("task jobs must have unique keys")
+    if on_start is not None:
+        on_start(len(done), len(jobs))
+    runner = pool(workers) if isinstance(workers, int) else workers
+    for record in runner.imap(task, jobs):
+        results.append(record)
+        if on_record is not None:
+            on_record(record)
+    return results.records
+
+
+def seed_for(seed: int, *parts: Any) -> int:
+    """A stable per-job seed from the run's seed and the job's identity (any order of
+    execution gives every job the same random stream)."""
+    digest = hashlib.sha256(repr((seed, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class ModelTask:
+    """What tasks that sample from a model share: the model spec and its lazy loading.
+
+    Subclasses are dataclasses with ``model``, ``backend`` and ``device`` fields; the loaded
+    model stays out of pickles, so a task travels to workers as its options only.
+    """
+
+    model: str | None
+    backend: str
+    device: str
+    _lm: Any = None
+
+    def setup(self, threads: int | None = None) -> None:
+        if self._lm is None:
+            from ..lm.load import load_model
+
+            self._lm = load_model(self.model, backend=self.backend, device=self.device,
+                                  threads=threads)
+
+    @property
+    def lm(self) -> Any:
+        self.setup()
+        return self._lm
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lm"] = None
+        return state
+
+    def model_config(self) -> dict[str, Any]:
+        return {"model": self.model or "default", "backend": self.backend, "device": self.device}

@@ -1,0 +1,286 @@
+"""The evaluation harness: TFv1 problems and filters, the resumable runner, the binary
+study and the reports (issue 6)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import adaptrack as at
+from adaptrack.cli import main
+from adaptrack.eval import binary, report, runner, tfv1
+from adaptrack.eval.tfapi import tensorflow_api_names
+
+# -- TFv1 problems -----------------------------------------------------------------------
+
+
+def test_shipped_problem_list_is_the_filters_applied_to_the_shipped_api():
+    apis = tfv1.filter_v1_only(tensorflow_api_names())
+    assert tuple(apis) == tfv1.v1_only_apis()
+    assert len(apis) == 416  # the paper's website list gave 419
+
+
+def test_each_filter_rule():
+    names = [
+        "compat.v1.placeholder",  # kept
+        "compat.v1.reduce_sum", "reduce_sum",  # rule 2: v2 has reduce_sum
+        "compat.v1.compat.v1.get_variable",  # rule 1: a nested copy of the namespace
+        "compat.v1.Session", "compat.v1.layers.Dense",  # rule 3: a part not lowercase
+        "compat.v1.app", "compat.v1.app.run",  # rule 4: app is a prefix of app.run
+        "compat.v1.assign", "compat.v1.assign_add",  # a string prefix is not a dotted one
+        "compat.v2.foo", "compat.v1.foo",  # compat.v2 is not a v2 counterpart
+        "compat.as_bytes", "compat.v1.compat.as_bytes",  # tf.compat.as_bytes is v2
+    ]
+    assert tfv1.filter_v1_only(names) == [
+        "compat.v1.app.run", "compat.v1.assign", "compat.v1.assign_add", "compat.v1.foo",
+        "compat.v1.placeholder"]
+
+
+def test_problems_oracles_and_settings():
+    probs = tfv1.problems()
+    assert len({p.api for p in probs}) == 416
+    assert [p.api for p in tfv1.problems(limit=5)] == [p.api for p in probs[:5]]
+    assert [p.api for p in probs] != sorted(p.api for p in probs)  # shuffled, fixed
+    v1 = set(tfv1.setting_names("v1"))
+    v2 = set(tfv1.setting_names("v2"))
+    assert len(v2) == 11965 and len(v1) == len({n[10:] for n in v2 if n.startswith("compat.v1.")})
+    for p in probs:
+        assert p.oracle["v1"][1:] in v1 and p.oracle["v2"][1:] in v2
+        assert p.oracle["v1"][1:] not in v2  # v1-only: TF 2 has it only under compat.v1
+        last = p.api.rsplit(".", 1)[-1]
+        assert f"def {last}(*args, **kwargs):" in p.prompt and p.prompt.endswith("return tf")
+    with pytest.raises(ValueError, match="does not start with"):
+        tfv1.problem("reduce_sum")
+    with pytest.raises(ValueError, match="unknown TFv1 setting"):
+        tfv1.setting_names("v3")
+
+
+def test_setting_constraints_accept_the_oracles():
+    lm = at.TableLM([bytes([b]) for b in range(32, 127)] + [b"<eos>"], lambda p: [1] * 96,
+                    eos=95)
+    p = tfv1.problems(limit=1)[0]
+    for setting in tfv1.SETTINGS:
+        m = tfv1.setting_constraint(setting).bind(lm.vocab)
+        assert m.accepts(lm.encode(p.oracle[setting] + "("))
+    assert not tfv1.setting_constraint("v2").bind(lm.vocab).accepts(
+        lm.encode(p.oracle["v1"] + "("))
+
+
+@pytest.mark.parametrize("text, api", [
+    (".losses.log_loss(labels", ".losses.log_loss"), (".a.b\n", ".a.b"), ("", ""),
+    (" tf.x(", ""), (".nn.relu", ".nn.relu"), (".é(", ".é"),
+])
+def test_api_text(text, api):
+    assert tfv1.api_text(text) == api
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+
+class Squares:
+    """A task without a model: job i's record holds i²; ``fail_at`` raises on one job."""
+
+    def __init__(self, count: int, fail_at: int | None = None, option: int = 0) -> None:
+        self.count, self.fail_at, self.option, self.ran = count, fail_at, option, []
+        self.setups = 0
+
+    def config(self):
+        return {"task": "squares", "option": self.option}
+
+    def jobs(self):
+        return [{"key": f"j{i}", "i": i} for i in range(self.count)]
+
+    def setup(self, threads=None):
+        self.setups += 1
+
+    def run(self, job):
+        if job["i"] == self.fail_at:
+            raise KeyboardInterrupt
+        self.ran.append(job["i"])
+        return {"key": job["key"], "square": job["i"] ** 2}
+
+
+def test_runner_resumes_without_losing_or_redoing_work(tmp_path):
+    path = tmp_path / "r.jsonl"
+    first = Squares(10, fail_at=6)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(first, path)
+    assert first.ran == [0, 1, 2, 3, 4, 5]
+    with open(path, "a") as f:  # an interrupted write leaves half a line
+        f.write('{"key": "j6", "squ')
+    second = Squares(10)
+    seen = []
+    records = runner.run(second, path, on_start=lambda done, todo: seen.append((done, todo)))
+    assert seen == [(6, 4)] and second.ran == [6, 7, 8, 9]
+    assert sorted(r["square"] for r in records) == [i * i for i in range(10)]
+    header, again = runner.read_results(path)
+    assert header == {"task": "squares", "option": 0} and again == records
+    assert runner.run(Squares(10), path) == records  # nothing left to do
+
+
+def test_runner_refuses_a_file_from_other_options(tmp_path):
+    path = tmp_path / "r.jsonl"
+    runner.run(Squares(2), path)
+    with pytest.raises(runner.ResultsMismatchError, match="option: file 0, now 1"):
+        runner.run(Squares(2, option=1), path)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"key": 1}\n')
+    with pytest.raises(runner.ResultsMismatchError, match="no header line"):
+        runner.run(Squares(2), other)
+
+
+def test_worker_processes_give_the_same_records(tmp_path):
+    one = runner.run(Squares(12), tmp_path / "one.jsonl")
+    two = runner.run(Squares(12), tmp_path / "two.jsonl", workers=2)
+    key = lambda r: r["key"]  # noqa: E731
+    assert sorted(two, key=key) == sorted(one, key=key)
+    with pytest.raises(ValueError, match="at least 1"):
+        runner.Processes(0)
+
+
+def test_seed_for_is_stable_and_distinct():
+    assert runner.seed_for(0, "a", "cd", "v1") == runner.seed_for(0, "a", "cd", "v1")
+    assert len({runner.seed_for(0, "a", m, s) for m in "xyz" for s in "uv"}) == 6
+
+
+# -- TFv1 end to end on a small exact model -------------------------------------------------
+
+
+def _intent_model(prompt: str, intent: str) -> at.TableLM:
+    """Newline, bytes 32..126 and EOS; after the prompt the model wants ``intent``, "("."""
+    vocab = [b"\n"] + [bytes([b]) for b in range(32, 127)] + [b"<eos>"]
+    lm = at.TableLM(vocab, lambda p: [1] * 97, eos=96)
+    start = len(lm.encode(prompt))
+
+    def next_probs(prefix):
+        text = b"".join(vocab[t] for t in prefix[start:]).decode()
+        w = [1.0] * 97
+        want = intent[len(text)] if intent.startswith(text) and len(text) < len(intent) else "("
+        w[vocab.index(want.encode())] = 300.0
+        return w
+
+    lm.next_probs = next_probs
+    return lm
+
+
+@pytest.fixture(scope="module")
+def tfv1_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tfv1") / "tfv1.jsonl"
+    task = tfv1.TFv1Task(limit=1, n=4, max_new_tokens=48)
+    p = tfv1.problems(limit=1)[0]
+    task._lm = _intent_model(p.prompt, p.oracle["v1"])
+    return path, task, runner.run(task, path), p
+
+
+def test_tfv1_task_records(tfv1_run):
+    path, task, records, p = tfv1_run
+    assert len(records) == 7  # unconstrained once, 3 methods × 2 settings
+    by = {(r["method"], r["setting"]): r for r in records}
+    assert by[("unconstrained", None)]["oracle"] == p.oracle
+    for method in ("cd", "adaptrack", "exact"):
+        r = by[(method, "v1")]
+        assert r["greedy"] == p.oracle["v1"]  # the intent is valid in v1
+        assert len(r["samples"]) == len(r["lm_requests"]) == 4
+        v2 = by[(method, "v2")]
+        names = set(tfv1.setting_names("v2"))
+        assert all(s[1:] in names for s in v2["samples"] + [v2["greedy"]])
+    assert runner.run(task, path) == records  # resumed: nothing redone
+
+
+def test_tfv1_report(tfv1_run, tmp_path):
+    path, _, _, _ = tfv1_run
+    s = report.tfv1_scores(runner.read_results(path)[1])
+    assert s["problems"] == 1 and s["n"] == 4
+    assert s["cells"][("cd", "v1")]["em"][1] == 1.0
+    assert set(s["cells"][("cd", "v1")]["em"]) == {1, 3}  # EM@k only for k <= n
+    text = report.report(path, plots=tmp_path)
+    assert "| Constrained decoding | 100.00% |" in text
+    assert "v2 avg (min, max)" in text
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "tfv1-em.png").stat().st_size > 1000
+
+
+def test_report_counts_only_problems_every_method_has(tmp_path):
+    rows = [{"key": f"{p}|{m}|v1", "problem": p, "method": m, "setting": "v1",
+             "oracle": {"v1": ".a"}, "greedy": ".a", "samples": [".a", ".b"],
+             "lm_requests": [2, 4], "lm_calls": 3, "seconds": 1.0}
+            for p, m in [("x", "cd"), ("x", "exact"), ("y", "cd")]]
+    s = report.tfv1_scores(rows)
+    assert s["problems"] == 1 and s["dropped"] == 1
+    assert s["cells"][("cd", "v1")]["calls"] == (3.0, 2.0, 4.0)
+    assert s["cells"][("cd", "v1")]["em"][1] == 1.0
+    # a gzipped results file reads the same
+    gz = tmp_path / "r.jsonl.gz"
+    lines = [json.dumps({"header": {"task": "tfv1", "model": "m"}})] + [json.dumps(r) for r in rows]
+    gz.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    assert "# TFv1: 1 problems, n = 2" in report.report(gz)
+
+
+# -- binary --------------------------------------------------------------------------------
+
+
+def test_binary_study_on_a_uniform_model(tmp_path):
+    """Uniform bits: the target is uniform over the 17 valid strings. CD gives 00000 about
+    1/2 (KL ≈ 0.75); exact and AdapTrack are within sampling noise (≈ 16/(2n) = 0.02)."""
+    task = binary.BinaryTask(n=400, prompt="")
+    task._lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    path = tmp_path / "b.jsonl"
+    runner.run(task, path)
+    s = report.binary_scores(runner.read_results(path)[1])
+    assert len(s["target"]) == 17
+    assert all(abs(p - 1 / 17) < 1e-12 for p in s["target"].values())
+    m = s["methods"]
+    assert 0.4 < m["cd"]["p00000"] < 0.6 and m["cd"]["kl"] > 0.5
+    for method in ("exact", "adaptrack", "asap"):
+        assert m[method]["kl"] < 0.1, method
+        assert m[method]["outside"] == 0
+    # the paper's sample KL differs from the exact one by one constant for every method
+    offsets = [r["sample_kl"] - r["kl"] for r in m.values()]
+    assert max(offsets) - min(offsets) < 1e-9
+    assert len(m["cd"]["sliding"]) == (400 - 100) // 2 + 1
+    text = report.report(path, plots=tmp_path)
+    assert "| Constrained decoding |" in text and "P(00000 | c) = 0.0588" in text
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "binary-kl.png").stat().st_size > 1000
+
+
+def test_iid_kl_matches_the_asymptotic_formula():
+    target = {i: 1 / 17 for i in range(17)}
+    # E[KL] ≈ (K − 1)/(2n) for n large; 2000 simulations, so the mean is within ~3 %
+    assert abs(report.iid_kl(target, 2000, reps=2000) - 16 / 4000) < 0.0004
+    assert math.isclose(report.iid_kl(target, 10**9, reps=3), 0, abs_tol=1e-7)
+
+
+def test_binary_task_rejects_bad_options():
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        binary.BinaryTask(temperature=0)
+    with pytest.raises(ValueError, match="unknown method 'beam'"):
+        binary.BinaryTask(methods=("beam",))
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def test_cli_rejects_bad_eval_options(capsys, tmp_path):
+    out = str(tmp_path / "r.jsonl")
+    assert main(["eval", "tfv1", "--methods", "cd,beam", "-o", out]) == 2
+    assert "'beam' is not one of unconstrained, cd, asap, adaptrack, exact" in \
+        capsys.readouterr().err
+    assert main(["eval", "tfv1", "--settings", "v3", "-o", out]) == 2
+    assert main(["eval", "binary", "--temperature", "0", "-o", out]) == 2
+    assert "temperature must be > 0" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read results file" in capsys.readouterr().err
+    Path(out).write_text('{"header": {"task": "nope"}}\n')
+    assert main(["report", out]) == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+def test_cli_report_prints_tables(tfv1_run, capsys):
+    path, _, _, _ = tfv1_run
+    assert main(["report", str(path)]) == 0
+    assert "## Exact match (Table 1)" in capsys.readouterr().out
