@@ -11,6 +11,7 @@ from typing import TextIO
 
 from . import constraints, metrics, toy
 from .constraints.base import Constraint
+from .eval import tfv1
 from .generate import exact_distribution, generate
 from .lm.base import LanguageModel
 
@@ -76,16 +77,12 @@ def run_demo(
           f"{(len(target) - 1) / (2 * n):.4f}.", file=out)
 
 
-# The paper's Figure 3: a wrapper for a TensorFlow v1-only API, in the v2 setting.
-FIGURE3_PROMPT = '''import tensorflow as tf
-
-def mean_pairwise_squared_error(*args, **kwargs):
-    """
-    wrapper for losses.mean_pairwise_squared_error
-    """
-    return tf'''
-V1_INTENT = ".losses.mean_pairwise_squared_error("  # right in TF 1, missing in TF 2
-V2_ANSWER = ".compat.v1.losses.mean_pairwise_squared_error("  # the paper's v2 answer
+# The paper's Figure 3: a wrapper for a TensorFlow v1-only API, in the v2 setting (one of
+# the TFv1 problems, adaptrack.eval.tfv1).
+_FIGURE3 = tfv1.problem("compat.v1.losses.mean_pairwise_squared_error")
+FIGURE3_PROMPT = _FIGURE3.prompt
+V1_INTENT = _FIGURE3.oracle["v1"] + "("  # right in TF 1, missing in TF 2
+V2_ANSWER = _FIGURE3.oracle["v2"] + "("  # the paper's v2 answer
 
 # A short list of real TF 2.16 API names around the example; the evaluation issue brings
 # the full list. The completion is "." + a name + "(" (the terminator).
