@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import adaptrack as at
 from adaptrack.cli import main
 from adaptrack.eval import binary, report, runner, tfv1
 from adaptrack.eval.tfapi import tensorflow_api_names
+
+SEED_A_CD_V1 = 471090191401584496
 
 # -- TFv1 problems -----------------------------------------------------------------------
 
@@ -47,7 +50,10 @@ def test_problems_oracles_and_settings():
     assert [p.api for p in probs] != sorted(p.api for p in probs)  # shuffled, fixed
     v1 = set(tfv1.setting_names("v1"))
     v2 = set(tfv1.setting_names("v2"))
-    assert len(v2) == 11965 and len(v1) == len({n[10:] for n in v2 if n.startswith("compat.v1.")})
+    nested = ("compat.v1.compat.v1", "compat.v1.compat.v2")
+    assert len(v2) == 11965 and v1 == {n[10:] for n in v2 if n.startswith("compat.v1.")
+                                       and not n.startswith(nested)}
+    assert len(v1) == 3656
     for p in probs:
         assert p.oracle["v1"][1:] in v1 and p.oracle["v2"][1:] in v2
         assert p.oracle["v1"][1:] not in v2  # v1-only: TF 2 has it only under compat.v1
@@ -68,6 +74,8 @@ def test_setting_constraints_accept_the_oracles():
         assert m.accepts(lm.encode(p.oracle[setting] + "("))
     assert not tfv1.setting_constraint("v2").bind(lm.vocab).accepts(
         lm.encode(p.oracle["v1"] + "("))
+    v1 = set(tfv1.setting_names("v1"))
+    assert not any(p.oracle["v2"][1:] in v1 for p in tfv1.problems())
 
 
 @pytest.mark.parametrize("text, api", [
@@ -84,9 +92,11 @@ def test_api_text(text, api):
 class Squares:
     """A task without a model: job i's record holds i²; ``fail_at`` raises on one job."""
 
-    def __init__(self, count: int, fail_at: int | None = None, option: int = 0) -> None:
+    def __init__(self, count: int, fail_at: int | None = None, option: int = 0,
+                 error: type[BaseException] = KeyboardInterrupt, setup_error: bool = False
+                 ) -> None:
         self.count, self.fail_at, self.option, self.ran = count, fail_at, option, []
-        self.setups = 0
+        self.error, self.setup_error = error, setup_error
 
     def config(self):
         return {"task": "squares", "option": self.option}
@@ -95,13 +105,16 @@ class Squares:
         return [{"key": f"j{i}", "i": i} for i in range(self.count)]
 
     def setup(self, threads=None):
-        self.setups += 1
+        if self.setup_error:
+            raise at.ModelLoadError("no such model file: /nope.gguf")
 
     def run(self, job):
         if job["i"] == self.fail_at:
-            raise KeyboardInterrupt
+            raise self.error(f"job {job['i']} failed")
         self.ran.append(job["i"])
-        return {"key": job["key"], "square": job["i"] ** 2}
+        # a seeded draw: records must not depend on which worker ran the job
+        draw = random.Random(runner.seed_for(0, job["key"])).random()
+        return {"key": job["key"], "square": job["i"] ** 2, "draw": draw}
 
 
 def test_runner_resumes_without_losing_or_redoing_work(tmp_path):
@@ -119,7 +132,11 @@ def test_runner_resumes_without_losing_or_redoing_work(tmp_path):
     assert sorted(r["square"] for r in records) == [i * i for i in range(10)]
     header, again = runner.read_results(path)
     assert header == {"task": "squares", "option": 0} and again == records
+    assert all(r["finished_at"] >= r["started_at"] for r in records)
     assert runner.run(Squares(10), path) == records  # nothing left to do
+    seen.clear()
+    runner.run(Squares(4), path, on_start=lambda done, todo: seen.append((done, todo)))
+    assert seen == [(4, 0)]  # counts only this task's jobs
 
 
 def test_runner_refuses_a_file_from_other_options(tmp_path):
@@ -127,24 +144,67 @@ def test_runner_refuses_a_file_from_other_options(tmp_path):
     runner.run(Squares(2), path)
     with pytest.raises(runner.ResultsMismatchError, match="option: file 0, now 1"):
         runner.run(Squares(2, option=1), path)
-    other = tmp_path / "other.jsonl"
-    other.write_text('{"key": 1}\n')
-    with pytest.raises(runner.ResultsMismatchError, match="no header line"):
-        runner.run(Squares(2), other)
+    for content in (b'{"key": 1}\n', b"notes without a final newline", b"\x1f\x8b\x08gz"):
+        other = tmp_path / "other.txt"
+        other.write_bytes(content)
+        with pytest.raises(runner.ResultsMismatchError, match="not an adaptrack results"):
+            runner.run(Squares(2), other)
+        assert other.read_bytes() == content  # a foreign file is left as it was
+    gz = tmp_path / "r.jsonl.gz"
+    with pytest.raises(runner.ResultsMismatchError, match="gunzip it first"):
+        runner.run(Squares(2), gz)
+    assert not gz.exists()
+
+
+def test_one_run_at_a_time_per_file(tmp_path):
+    path = tmp_path / "r.jsonl"
+    holder = runner.ResultsFile(path, {"task": "squares", "option": 0})
+    try:
+        with pytest.raises(runner.ResultsMismatchError, match="another run is writing"):
+            runner.run(Squares(2), path)
+    finally:
+        holder.close()
+    assert len(runner.run(Squares(2), path)) == 2
+
+
+def _strip_times(records):
+    return sorted(({k: v for k, v in r.items() if not k.endswith("_at")} for r in records),
+                  key=lambda r: r["key"])
 
 
 def test_worker_processes_give_the_same_records(tmp_path):
     one = runner.run(Squares(12), tmp_path / "one.jsonl")
     two = runner.run(Squares(12), tmp_path / "two.jsonl", workers=2)
-    key = lambda r: r["key"]  # noqa: E731
-    assert sorted(two, key=key) == sorted(one, key=key)
+    assert _strip_times(two) == _strip_times(one)
     with pytest.raises(ValueError, match="at least 1"):
         runner.Processes(0)
 
 
+def test_a_failing_job_in_a_worker_keeps_finished_records(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with pytest.raises(RuntimeError, match="job 5 failed"):
+        runner.run(Squares(8, fail_at=5, error=RuntimeError), path, workers=2)
+    kept = runner.read_results(path)[1]
+    assert "j5" not in {r["key"] for r in kept}
+    again = runner.run(Squares(8), path, workers=2)  # resumes: every job once
+    assert sorted(r["key"] for r in again) == [f"j{i}" for i in range(8)]
+
+
+def test_a_worker_that_cannot_set_up_says_why(tmp_path):
+    with pytest.raises(runner.WorkerError, match="ModelLoadError: no such model file"):
+        runner.run(Squares(3, setup_error=True), tmp_path / "r.jsonl", workers=2)
+
+
 def test_seed_for_is_stable_and_distinct():
-    assert runner.seed_for(0, "a", "cd", "v1") == runner.seed_for(0, "a", "cd", "v1")
+    # a literal: a change of hashing would silently change every evaluation's samples
+    assert runner.seed_for(0, "a", "cd", "v1") == SEED_A_CD_V1
     assert len({runner.seed_for(0, "a", m, s) for m in "xyz" for s in "uv"}) == 6
+
+
+def test_wall_seconds_counts_overlaps_once():
+    rows = [{"started_at": 0, "finished_at": 10}, {"started_at": 5, "finished_at": 12},
+            {"started_at": 100, "finished_at": 101}, {"key": "old record"}]
+    assert report.wall_seconds(rows) == 13
 
 
 # -- TFv1 end to end on a small exact model -------------------------------------------------
@@ -204,20 +264,44 @@ def test_tfv1_report(tfv1_run, tmp_path):
     assert (tmp_path / "tfv1-em.png").stat().st_size > 1000
 
 
+def _row(p, m, greedy=".a", samples=(".a", ".b", ".b", ".b"), calls=(1, 3, 5, 3), **extra):
+    return {"key": f"{p}|{m}|v1", "problem": p, "method": m, "setting": "v1",
+            "oracle": {"v1": ".a"}, "greedy": greedy, "samples": list(samples),
+            "lm_requests": list(calls), "lm_calls": 3, "seconds": 1.0, **extra}
+
+
+def test_report_arithmetic_table1_and_table5():
+    rows = [_row("x", "cd"), _row("y", "cd", greedy=".b", calls=(5, 9, 10, 12)),
+            _row("x", "exact"), _row("y", "exact", samples=[".b"] * 4)]
+    s = report.tfv1_scores(rows)
+    cd, exact = s["cells"][("cd", "v1")], s["cells"][("exact", "v1")]
+    assert cd["em"][1] == 0.5 and exact["em"][1] == 1.0
+    assert set(cd["em"]) == {1, 3}  # EM@k only for k <= n = 4
+    assert cd["em"][3] == 0.75  # n = 4, c = 1, k = 3: 1 - C(3,3)/C(4,3), both problems
+    assert exact["em"][3] == 0.375  # 0.75 on x, 0 on y
+    # Table 5: the mean over problems of each one's average, minimum and maximum
+    assert cd["calls"] == ((3 + 9) / 2, (1 + 5) / 2, (5 + 12) / 2)
+
+
+def test_report_scores_errors_as_misses():
+    rows = [_row("x", "cd"), _row("y", "cd"), _row("x", "exact"),
+            {**_row("y", "exact"), "error": "TreeLimitError: too big"}]
+    s = report.tfv1_scores(rows)
+    assert s["problems"] == 2 and s["errors"] == {("exact", "v1"): 1}
+    assert s["cells"][("exact", "v1")]["em"][1] == 0.5
+    assert s["cells"][("exact", "v1")]["calls"][0] == 3  # from the finished job only
+    assert "scored as misses: exact v1: 1" in report.tfv1_report({}, rows)
+
+
 def test_report_counts_only_problems_every_method_has(tmp_path):
-    rows = [{"key": f"{p}|{m}|v1", "problem": p, "method": m, "setting": "v1",
-             "oracle": {"v1": ".a"}, "greedy": ".a", "samples": [".a", ".b"],
-             "lm_requests": [2, 4], "lm_calls": 3, "seconds": 1.0}
-            for p, m in [("x", "cd"), ("x", "exact"), ("y", "cd")]]
+    rows = [_row(p, m) for p, m in [("x", "cd"), ("x", "exact"), ("y", "cd")]]
     s = report.tfv1_scores(rows)
     assert s["problems"] == 1 and s["dropped"] == 1
-    assert s["cells"][("cd", "v1")]["calls"] == (3.0, 2.0, 4.0)
-    assert s["cells"][("cd", "v1")]["em"][1] == 1.0
     # a gzipped results file reads the same
     gz = tmp_path / "r.jsonl.gz"
     lines = [json.dumps({"header": {"task": "tfv1", "model": "m"}})] + [json.dumps(r) for r in rows]
     gz.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
-    assert "# TFv1: 1 problems, n = 2" in report.report(gz)
+    assert "# TFv1: 1 problems, n = 4" in report.report(gz)
 
 
 # -- binary --------------------------------------------------------------------------------
@@ -253,6 +337,13 @@ def test_iid_kl_matches_the_asymptotic_formula():
     # E[KL] ≈ (K − 1)/(2n) for n large; 2000 simulations, so the mean is within ~3 %
     assert abs(report.iid_kl(target, 2000, reps=2000) - 16 / 4000) < 0.0004
     assert math.isclose(report.iid_kl(target, 10**9, reps=3), 0, abs_tol=1e-7)
+
+
+def test_tfv1_task_rejects_bad_options():
+    with pytest.raises(ValueError, match="temperature > 0"):
+        tfv1.TFv1Task(temperature=0)
+    with pytest.raises(ValueError, match="unknown setting 'v3'"):
+        tfv1.TFv1Task(settings=("v3",))
 
 
 def test_binary_task_rejects_bad_options():

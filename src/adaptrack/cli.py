@@ -499,6 +499,9 @@ def _eval(args: argparse.Namespace) -> None:
     try:
         runner.run(task, args.out, workers=args.workers, on_start=progress.start,
                    on_record=progress.update)
+    except OSError as err:
+        raise _UsageError(f"cannot write results file {args.out!r}: "
+                          f"{err.strerror or err}") from None
     finally:
         progress.close()
     print(f"results: {args.out}", file=sys.stderr)

@@ -11,6 +11,7 @@ over sliding windows of a quarter of the samples.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -55,47 +56,65 @@ def _about(header: dict[str, Any]) -> str:
 # -- TFv1 -------------------------------------------------------------------------------
 
 
+def wall_seconds(records: list[Record]) -> float:
+    """Wall time of the jobs: the length of the union of their [started_at, finished_at]
+    intervals, so parallel workers count once and pauses between resumed runs not at all."""
+    spans = sorted((r["started_at"], r["finished_at"]) for r in records if "started_at" in r)
+    total, end = 0.0, -math.inf
+    for start, finish in spans:
+        if finish > end:
+            total += finish - max(start, end)
+            end = finish
+    return total
+
+
 def tfv1_scores(records: list[Record]) -> dict[str, Any]:
     """Per (method, setting): EM@k, calls per sample and time over the problems that every
-    (method, setting) in ``records`` has; also the count of problems and errors."""
+    (method, setting) in ``records`` has. A job that raised an error scores as a miss (it
+    stays in EM's denominator, so a method's failures cannot shrink its problem set); it
+    is left out of the call and time averages, and counted in ``errors``."""
     cells: dict[tuple[str, str], dict[str, Record]] = defaultdict(dict)
-    errors: Counter[tuple[str, str]] = Counter()
     settings = sorted({s for r in records for s in r["oracle"]})
     for r in records:
         for setting in ([r["setting"]] if r["setting"] else settings):
-            if setting not in r["oracle"]:
-                continue
-            if "error" in r:
-                errors[(r["method"], setting)] += 1
-            else:
+            if setting in r["oracle"]:
                 cells[(r["method"], setting)][r["problem"]] = r
     if not cells:
         raise AdaptrackError("the results file has no finished TFv1 jobs yet")
     common = set.intersection(*(set(c) for c in cells.values()))
     all_problems = set().union(*(set(c) for c in cells.values()))
-    n = min(len(r["samples"]) for c in cells.values() for r in c.values())
+    finished = [r for c in cells.values() for r in c.values() if "error" not in r]
+    n = min((len(r["samples"]) for r in finished), default=0)
     out: dict[str, Any] = {"problems": len(common), "dropped": len(all_problems - common),
                            "n": n, "settings": settings,
                            "methods": _order(sorted({m for m, _ in cells})), "cells": {},
-                           "errors": dict(errors)}
+                           "errors": {}, "wall_seconds": wall_seconds(records),
+                           "job_seconds": sum(r.get("seconds", 0.0) for r in records)}
     for (method, setting), by_problem in cells.items():
         rows = [by_problem[p] for p in sorted(common)]
+        ok = [r for r in rows if "error" not in r]
+        if len(ok) < len(rows):
+            out["errors"][(method, setting)] = len(rows) - len(ok)
         if not rows:
             continue
-        em = {1: sum(r["greedy"] == r["oracle"][setting] for r in rows) / len(rows)}
+        oracle = [r["oracle"][setting] for r in rows]
+        em = {1: sum("error" not in r and r["greedy"] == o
+                     for r, o in zip(rows, oracle, strict=True)) / len(rows)}
         for k in KS[1:]:
             if k <= n:
                 em[k] = metrics.mean_at_k(
-                    ((len(r["samples"]), sum(s == r["oracle"][setting] for s in r["samples"]))
-                     for r in rows), k)
-        calls = [r["lm_requests"] for r in rows]
+                    ((n, 0) if "error" in r else
+                     (len(r["samples"]), sum(x == o for x in r["samples"]))
+                     for r, o in zip(rows, oracle, strict=True)), k)
+        calls = [r["lm_requests"] for r in ok]
+        nan = float("nan")
         out["cells"][(method, setting)] = {
             "em": em,
-            "calls": tuple(sum(f(c) for c in calls) / len(calls)
+            "calls": tuple(sum(f(c) for c in calls) / len(calls) if calls else nan
                            for f in (lambda c: sum(c) / len(c), min, max)),
-            "seconds": sum(r["seconds"] for r in rows) / len(rows),
-            "lm_calls": sum(r["lm_calls"] for r in rows) / len(rows),
-            "backtracks": sum(r.get("backtracks", 0) for r in rows) / len(rows),
+            "seconds": sum(r["seconds"] for r in ok) / len(ok) if ok else nan,
+            "lm_calls": sum(r["lm_calls"] for r in ok) / len(ok) if ok else nan,
+            "backtracks": sum(r.get("backtracks", 0) for r in ok) / len(ok) if ok else nan,
         }
     return out
 
@@ -107,13 +126,15 @@ def tfv1_report(header: dict[str, Any], records: list[Record],
     ks = [k for k in KS if k == 1 or k <= s["n"]]
     lines = [f"# TFv1: {s['problems']} problems, n = {s['n']}",
              "", f"{_about(header)}, max_new_tokens {header.get('max_new_tokens')}, "
-             f"TensorFlow {header.get('tf_version')}."]
+             f"TensorFlow {header.get('tf_version')}. Wall time {s['wall_seconds'] / 60:.1f} "
+             f"min ({s['job_seconds'] / 60:.1f} min of job time over all workers)."]
     if s["dropped"]:
-        lines.append(f"{s['dropped']} more problems lack some method or setting and are left "
-                     "out (a partial run).")
+        lines.append(f"{s['dropped']} more problems lack some method or setting (the run "
+                     "has not finished them) and are left out.")
     if s["errors"]:
         shown = ", ".join(f"{m} {st}: {c}" for (m, st), c in sorted(s["errors"].items()))
-        lines.append(f"Jobs that raised an error (left out): {shown}.")
+        lines.append(f"Jobs that raised an error, scored as misses: {shown} (the records "
+                     "say why).")
     lines += ["", "## Exact match (Table 1)", "",
               "EM@1 is the greedy completion; EM@k for k > 1 is eq. 5 over the samples.", "",
               "| Method | " + " | ".join(f"{st} EM@{k}" for st in settings for k in ks) + " |",
@@ -132,8 +153,8 @@ def tfv1_report(header: dict[str, Any], records: list[Record],
                if (m, st) in cells else "" for st in settings]
         lines.append(f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(row) + " |")
     lines += ["", "## Cost per problem", "",
-              "Seconds (greedy + samples), distinct prefixes the model evaluated "
-              "(`lm_calls`) and backtracks, per problem.", "",
+              "Seconds for the greedy and the sampled completions; distinct prefixes the "
+              "model evaluated (`lm_calls`) and backtracks, for the samples only.", "",
               "| Method | " + " | ".join(f"{st} s | {st} lm_calls | {st} backtracks"
                                        for st in settings) + " |",
               "|---" * (1 + 3 * len(settings)) + "|"]
@@ -143,7 +164,7 @@ def tfv1_report(header: dict[str, Any], records: list[Record],
                for st in settings]
         lines.append(f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(row) + " |")
     if plots is not None:
-        lines += ["", f"Plot: `{_plot_tfv1(s, ks, Path(plots))}`"]
+        lines += ["", f"![EM@k per method and setting]({_plot_tfv1(s, ks, Path(plots))})"]
     return "\n".join(lines)
 
 
@@ -216,32 +237,35 @@ def binary_scores(records: list[Record]) -> dict[str, Any]:
     target = {tuple(t): p for t, p, _ in by_key["target"]["target"]}
     text_of = {tuple(t): text for t, _, text in by_key["target"]["target"]}
     runs = {k: r for k, r in by_key.items() if k != "target" and "samples" in r}
+    # A sample outside the target (incomplete, or invalid) would make every KL infinite:
+    # it is counted apart and the KLs are over the rest.
     logprob: dict[tuple[int, ...], float] = {}
     for r in runs.values():
         for t, lp in zip(r["samples"], r["logprobs"], strict=True):
-            logprob[tuple(t)] = lp
+            if tuple(t) in target:
+                logprob[tuple(t)] = lp
     support = list(logprob)
     out: dict[str, Any] = {"target": target, "text_of": text_of, "methods": {},
                            "support": len(support)}
     for method in _order(list(runs)):
         r = runs[method]
-        seqs = [tuple(t) for t in r["samples"]]
+        seqs = [tuple(t) for t in r["samples"] if tuple(t) in target]
         n = len(seqs)
-        window = max(1, n // 4)
-        counts = Counter(seqs)
-        texts = Counter(r["texts"])
+        if not n:
+            continue
+        window, step = max(1, n // 4), max(1, n // 200)
         out["methods"][method] = {
             "n": n,
-            "kl": metrics.kl_divergence(counts, target),
+            "kl": metrics.kl_divergence(Counter(seqs), target),
             "sample_kl": metrics.sample_kl(seqs, logprob, support=support),
-            "p00000": texts["00000"] / n,
+            "p00000": sum(text_of[t] == "00000" for t in seqs) / n,
             "lm_calls": r["lm_calls"],
-            "calls_per_sample": sum(r["lm_requests"]) / n,
+            "calls_per_sample": sum(r["lm_requests"]) / len(r["lm_requests"]),
             "seconds": r["seconds"],
             "window": window,
-            "sliding": metrics.sliding_kl(seqs, window, target=target, step=max(1, n // 200)),
-            "step": max(1, n // 200),
-            "outside": sum(s not in target for s in seqs),
+            "step": step,
+            "sliding": metrics.sliding_kl(seqs, window, target=target, step=step),
+            "outside": len(r["samples"]) - n,
         }
     return out
 
@@ -273,9 +297,10 @@ def binary_report(header: dict[str, Any], records: list[Record],
               "methods, so only differences between rows mean something."]
     outside = {m: r["outside"] for m, r in methods.items() if r["outside"]}
     if outside:
-        lines.append(f"Samples outside the target's support: {outside}.")
+        lines.append(f"Samples outside the target's support (incomplete or invalid), left "
+                     f"out of the KLs: {outside}.")
     if plots is not None:
-        lines += ["", f"Plot: `{_plot_binary(s, header, Path(plots))}`"]
+        lines += ["", f"![KL over sliding windows]({_plot_binary(s, header, Path(plots))})"]
     return "\n".join(lines)
 
 

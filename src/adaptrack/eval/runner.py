@@ -12,18 +12,22 @@ line is one job's record, written and flushed as soon as the job finishes. :func
 existing file checks that the header matches (else :class:`ResultsMismatchError`, which
 says which option differs), skips the jobs already recorded and appends the rest, so an
 interrupted run resumes without losing or redoing work. A line cut short by an interrupt is
-dropped.
+dropped. One run at a time writes a file (an exclusive lock); every record is stamped with
+``started_at`` and ``finished_at`` (epoch seconds) for wall-time reports.
 """
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import json
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -63,6 +67,22 @@ class Pool(Protocol):
     def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]: ...
 
 
+def _timed(task: Task, job: Job) -> Record:
+    """Run one job and stamp its record with when it started and finished (epoch seconds),
+    so a report can measure wall time across workers and resumed sessions."""
+    started = time.time()
+    record = task.run(job)
+    return {**record, "started_at": started, "finished_at": time.time()}
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity, which containers restrict)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class InProcess:
     """Run jobs one after another in this process."""
 
@@ -70,27 +90,39 @@ class InProcess:
         if jobs:
             task.setup()
         for job in jobs:
-            yield task.run(job)
+            yield _timed(task, job)
 
 
 _WORKER_TASK: Task | None = None
+_WORKER_ERROR: str | None = None
 
 
 def _init_worker(task: Task, threads: int) -> None:
-    global _WORKER_TASK
-    task.setup(threads)
+    global _WORKER_TASK, _WORKER_ERROR
+    try:
+        task.setup(threads)
+    except Exception as err:  # reported with the first job, as the library's error
+        _WORKER_ERROR = f"{type(err).__name__}: {err}"
     _WORKER_TASK = task
 
 
 def _run_in_worker(job: Job) -> Record:
+    if _WORKER_ERROR is not None:
+        raise WorkerError(f"a worker process could not set up: {_WORKER_ERROR}")
     assert _WORKER_TASK is not None
-    return _WORKER_TASK.run(job)
+    return _timed(_WORKER_TASK, job)
+
+
+class WorkerError(AdaptrackError):
+    """A worker process failed to set up (the message carries its error) or died."""
 
 
 class Processes:
     """Spread jobs over ``workers`` local processes, each loading the model once and
-    using ``cpu_count // workers`` threads. Jobs are handed out in order, a few ahead, so
-    neighbouring jobs (the same problem's methods) stay close in time."""
+    using ``cpus // workers`` threads. Jobs are handed out in order, a few ahead, so
+    neighbouring jobs (the same problem's methods) stay close in time. When a job fails or
+    the run is interrupted, the records already finished are yielded first and the workers
+    are stopped without waiting for the jobs they hold."""
 
     def __init__(self, workers: int) -> None:
         if workers < 1:
@@ -100,29 +132,46 @@ class Processes:
     def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
         if not jobs:
             return
-        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        threads = max(1, available_cpus() // self.workers)
         # spawn, not fork: a forked copy of a process that holds model threads can hang.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                 initargs=(task, threads)) as executor:
-            pending: set[Future[Record]] = set()
-            queue = iter(jobs)
-            try:
-                for job in queue:
-                    pending.add(executor.submit(_run_in_worker, job))
-                    if len(pending) >= 2 * self.workers:
-                        break
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        yield future.result()
-                        nxt = next(queue, None)
-                        if nxt is not None:
-                            pending.add(executor.submit(_run_in_worker, nxt))
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
+        executor = ProcessPoolExecutor(self.workers, mp_context=context,
+                                       initializer=_init_worker, initargs=(task, threads))
+        pending: set[Future[Record]] = set()
+        queue = iter(jobs)
+        clean = False
+        try:
+            for job in queue:
+                pending.add(executor.submit(_run_in_worker, job))
+                if len(pending) >= 2 * self.workers:
+                    break
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                failed: BaseException | None = None
+                for future in done:
+                    try:
+                        record = future.result()
+                    except BrokenExecutor as err:
+                        failed = failed or WorkerError(
+                            f"a worker process died ({err}); run with --workers 1 to see why")
+                        continue
+                    except BaseException as err:
+                        failed = failed or err
+                        continue
+                    yield record
+                    nxt = next(queue, None)
+                    if nxt is not None and failed is None:
+                        pending.add(executor.submit(_run_in_worker, nxt))
+                if failed is not None:
+                    raise failed
+            clean = True
+        finally:
+            if clean:
+                executor.shutdown(wait=True)
+            else:  # do not wait for jobs whose records would be thrown away
+                for proc in list(getattr(executor, "_processes", {}).values()):
+                    proc.terminate()
+                executor.shutdown(wait=False, cancel_futures=True)
 
 
 def pool(workers: int = 1) -> Pool:
@@ -131,30 +180,50 @@ def pool(workers: int = 1) -> Pool:
 
 
 class ResultsFile:
-    """A JSONL results file: a header line, then one record per finished job."""
+    """A JSONL results file: a header line, then one record per finished job.
+
+    While open it holds an exclusive lock on the file, so two runs cannot append to it at
+    once. ``close()`` releases it.
+    """
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = Path(path)
         self.header = header
         self.records: list[Record] = []
-        if self.path.exists() and self.path.stat().st_size:
-            self._load()
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._write_line({"header": header}, mode="w")
-
-    def _load(self) -> None:
-        data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) < len(data):  # a line cut short by an interrupt: drop it
-            with open(self.path, "r+b") as f:
-                f.truncate(len(complete))
-        lines = complete.decode("utf-8").splitlines()
+        if self.path.suffix == ".gz":
+            raise ResultsMismatchError(
+                f"{self.path}: runs append to plain JSONL; gunzip it first or pass a .jsonl "
+                "name (report reads .gz files)")
+        if self.path.is_dir():
+            raise ResultsMismatchError(f"{self.path} is a directory; pass a file name")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a+b")  # held open: the lock lives as long as it
         try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise ResultsMismatchError(
+                f"another run is writing {self.path}; wait for it or pass another file"
+            ) from None
+        try:
+            self._file.seek(0)
+            data = self._file.read()
+            if data:
+                self._load(data)
+            else:
+                self._write_line({"header": header})
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, data: bytes) -> None:
+        complete = data[: data.rfind(b"\n") + 1]
+        try:
+            lines = complete.decode("utf-8").splitlines()
             first = json.loads(lines[0]) if lines else {}
-        except json.JSONDecodeError:
+        except (UnicodeDecodeError, json.JSONDecodeError):
             first = {}
-        if "header" not in first:
+        if not isinstance(first, dict) or "header" not in first:
             raise ResultsMismatchError(
                 f"{self.path} is not an adaptrack results file (no header line); "
                 "pass a new file name"
@@ -170,6 +239,8 @@ class ResultsFile:
                 "same options or pass a new file name"
             )
         for number, line in enumerate(lines[1:], 2):
+            if not line.strip():
+                continue
             try:
                 self.records.append(json.loads(line))
             except json.JSONDecodeError as err:
@@ -177,20 +248,27 @@ class ResultsFile:
                     f"{self.path} line {number} is not JSON ({err.msg}); fix or delete that "
                     "line to resume"
                 ) from None
+        if len(complete) < len(data):  # a line cut short by an interrupt: drop it
+            self._file.truncate(len(complete))
 
     @property
     def done(self) -> set[str]:
         return {r["key"] for r in self.records}
 
     def append(self, record: Record) -> None:
-        self._write_line(record, mode="a")
+        self._write_line(record)
         self.records.append(record)
 
-    def _write_line(self, obj: dict[str, Any], mode: str) -> None:
-        with open(self.path, mode, encoding="utf-8") as f:
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    def _write_line(self, obj: dict[str, Any]) -> None:
+        self._file.seek(0, os.SEEK_END)
+        self._file.write((json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8"))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
 
 
 def read_results(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
@@ -199,9 +277,9 @@ def read_results(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Rec
     try:
         raw = Path(path).read_bytes()
         data = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8")
-    except OSError as err:
+    except (OSError, EOFError) as err:  # EOFError: a gzip file cut short
         raise AdaptrackError(f"cannot read results file {str(path)!r}: "
-                             f"{err.strerror or err}") from None
+                             f"{getattr(err, 'strerror', None) or err}") from None
     lines = data.splitlines()
     if data and not data.endswith("\n"):
         lines = lines[:-1]
@@ -227,20 +305,24 @@ def run(
     is called once before any job runs and ``on_record`` after each (progress hooks).
     Returns every record in the file, old and new.
     """
-    results = ResultsFile(path, task.config())
-    done = results.done
-    jobs = [j for j in task.jobs() if j["key"] not in done]
-    keys = [j["key"] for j in jobs]
+    every = task.jobs()
+    keys = [j["key"] for j in every]
     if len(set(keys)) != len(keys):
         raise ValueError("task jobs must have unique keys")
-    if on_start is not None:
-        on_start(len(done), len(jobs))
-    runner = pool(workers) if isinstance(workers, int) else workers
-    for record in runner.imap(task, jobs):
-        results.append(record)
-        if on_record is not None:
-            on_record(record)
-    return results.records
+    results = ResultsFile(path, task.config())
+    try:
+        done = results.done
+        jobs = [j for j in every if j["key"] not in done]
+        if on_start is not None:
+            on_start(len(every) - len(jobs), len(jobs))
+        runner = pool(workers) if isinstance(workers, int) else workers
+        for record in runner.imap(task, jobs):
+            results.append(record)
+            if on_record is not None:
+                on_record(record)
+        return results.records
+    finally:
+        results.close()
 
 
 def seed_for(seed: int, *parts: Any) -> int:

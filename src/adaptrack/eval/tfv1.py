@@ -14,7 +14,8 @@ the ``tensorflow-cpu`` wheel (:mod:`adaptrack.eval.tfapi`):
    (``compat.v1.compat.v1.*``, ``compat.v1.compat.v2.*``, which the website does not list);
 2. whose last part is not the last part of any v2 name (a name outside ``compat.v1`` and
    ``compat.v2``);
-3. every part starting with a lowercase letter (no classes or their methods);
+3. every part starting with a lowercase letter (no classes or their methods; the paper's
+   words);
 4. not a dotted prefix of another such name (no subpackages).
 
 That gives 416 APIs; the paper, which read the website (with Keras), got 419. The list
@@ -135,12 +136,15 @@ def problems(version: str = DEFAULT_VERSION, limit: int | None = None) -> list[P
 @cache
 def setting_names(setting: str, version: str = DEFAULT_VERSION) -> tuple[str, ...]:
     """The names valid in a setting: ``v2`` every TF ``version`` name, ``v1`` the
-    ``compat.v1`` names with the prefix removed (how TF 1 spells them)."""
+    ``compat.v1`` names with the prefix removed (how TF 1 spells them), without
+    TensorFlow's nested copies (``compat.v1.compat.v1.*``), which the paper's list (the
+    website's) does not have: so ``.compat.v1.…``, the v2 answer, is not valid in v1."""
     names = tensorflow_api_names(version)
     if setting == "v2":
         return tuple(names)
     if setting == "v1":
-        return tuple(sorted({n.removeprefix(V1) for n in names if n.startswith(V1)}))
+        return tuple(sorted(n.removeprefix(V1) for n in names
+                            if n.startswith(V1) and not _is_nested_copy(n)))
     raise ValueError(f"unknown TFv1 setting {setting!r}; choose one of {', '.join(SETTINGS)}")
 
 
@@ -201,6 +205,9 @@ class TFv1Task(ModelTask):
             raise ValueError("give at least one method and one setting")
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
+        if not self.temperature > 0:
+            raise ValueError("the samples need temperature > 0 (EM@1 is greedy already); "
+                             f"got {self.temperature}")
 
     def config(self) -> dict[str, object]:
         return {"task": "tfv1", **self.model_config(), "n": self.n,
