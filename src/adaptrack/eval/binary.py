@@ -54,11 +54,7 @@ class BinaryTask(ModelTask):
     prompt: str = PROMPT
 
     def __post_init__(self) -> None:
-        from ..generate import METHODS as KNOWN
-
-        bad = [m for m in self.methods if m not in KNOWN]
-        if bad:
-            raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(KNOWN)}")
+        self.check_methods(self.methods)
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not self.temperature > 0:

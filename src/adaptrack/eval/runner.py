@@ -361,5 +361,14 @@ class ModelTask:
         state["_lm"] = None
         return state
 
+    def check_methods(self, methods: tuple[str, ...]) -> None:
+        """ValueError naming the first unknown method (before any model is loaded)."""
+        from ..generate import METHODS
+
+        bad = [m for m in methods if m not in METHODS]
+        if bad or not methods:
+            raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
+                             if bad else "give at least one method")
+
     def model_config(self) -> dict[str, Any]:
         return {"model": self.model or "default", "backend": self.backend, "device": self.device}

@@ -193,11 +193,7 @@ class TFv1Task(ModelTask):
     version: str = DEFAULT_VERSION
 
     def __post_init__(self) -> None:
-        from ..generate import METHODS as KNOWN
-
-        bad = [m for m in self.methods if m not in KNOWN]
-        if bad:
-            raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(KNOWN)}")
+        self.check_methods(self.methods)
         bad = [s for s in self.settings if s not in SETTINGS]
         if bad:
             raise ValueError(f"unknown setting {bad[0]!r}; choose from {', '.join(SETTINGS)}")
