@@ -211,7 +211,11 @@ def _build_parser() -> _Parser:
         parser_.add_argument("--model", metavar="SPEC",
                              help="a .gguf path, a Hugging Face id or a local directory "
                                   "(default: the default model)")
-        parser_.add_argument("--backend", choices=BACKENDS, default="auto")
+        parser_.add_argument(
+            "--backend", choices=BACKENDS, default="auto" if parser_ is tf else "transformers",
+            help="model backend (default: auto for tfv1; transformers for binary, whose KL "
+                 "to an enumerated target needs log-probs that do not change between "
+                 "prefix trees, which llama.cpp's float16 KV reuse does not give)")
         parser_.add_argument("--device", choices=DEVICES, default="auto")
         parser_.add_argument("--temperature", type=_non_negative_float, default=1.0,
                              metavar="T", help="sampling temperature (default: 1.0)")

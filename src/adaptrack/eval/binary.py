@@ -38,6 +38,8 @@ def constraint() -> Choice:
 @dataclass
 class BinaryTask(ModelTask):
     """RQ4's binary problem on a model; AdapTrack runs with ``share_q`` as in the paper.
+    The backend defaults to transformers: llama.cpp's log-probs of a sequence can differ
+    by up to a nat between prefix trees (float16 KV reuse), too much for a KL this small.
 
     Records: ``{"key": "target", "target": [[tokens, probability, text], …]}`` and, per
     method, ``samples`` (token lists in the order drawn), ``texts``, ``logprobs`` (log P
@@ -45,7 +47,7 @@ class BinaryTask(ModelTask):
     """
 
     model: str | None = None
-    backend: str = "auto"
+    backend: str = "transformers"
     device: str = "auto"
     methods: tuple[str, ...] = METHODS
     n: int = 2000
