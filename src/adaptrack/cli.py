@@ -481,6 +481,7 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -506,6 +507,11 @@ def _eval(args: argparse.Namespace) -> None:
     except OSError as err:
         raise _UsageError(f"cannot write results file {args.out!r}: "
                           f"{err.strerror or err}") from None
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"adaptrack: finished jobs are kept in {args.out}; run the same command to "
+              "resume", file=sys.stderr)
+        raise
     finally:
         progress.close()
     print(f"results: {args.out}", file=sys.stderr)
