@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from ..constraints import Choice, choice
-from .runner import Job, ModelTask, Record, seed_for
+from .runner import Job, ModelTask, Record, check_methods, seed_for
 
 PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")
@@ -56,7 +56,7 @@ class BinaryTask(ModelTask):
     prompt: str = PROMPT
 
     def __post_init__(self) -> None:
-        self.check_methods(self.methods)
+        check_methods(self.methods)
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not self.temperature > 0:

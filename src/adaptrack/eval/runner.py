@@ -219,16 +219,10 @@ class ResultsFile:
     def _load(self, data: bytes) -> None:
         complete = data[: data.rfind(b"\n") + 1]
         try:
-            lines = complete.decode("utf-8").splitlines()
-            first = json.loads(lines[0]) if lines else {}
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            first = {}
-        if not isinstance(first, dict) or "header" not in first:
-            raise ResultsMismatchError(
-                f"{self.path} is not an adaptrack results file (no header line); "
-                "pass a new file name"
-            )
-        old = first["header"]
+            text = complete.decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+        old, self.records = _parse(text, self.path, "; pass a new file name")
         keys = sorted(set(old) | set(self.header))
         differ = [k for k in keys if old.get(k) != self.header.get(k)]
         if differ:
@@ -238,16 +232,6 @@ class ResultsFile:
                 f"{self.path} was written with other options ({shown}); resume with the "
                 "same options or pass a new file name"
             )
-        for number, line in enumerate(lines[1:], 2):
-            if not line.strip():
-                continue
-            try:
-                self.records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ResultsMismatchError(
-                    f"{self.path} line {number} is not JSON ({err.msg}); fix or delete that "
-                    "line to resume"
-                ) from None
         if len(complete) < len(data):  # a line cut short by an interrupt: drop it
             self._file.truncate(len(complete))
 
@@ -271,25 +255,38 @@ class ResultsFile:
             self._file.close()
 
 
+def _parse(text: str, path: Path | str, hint: str = "") -> tuple[dict[str, Any], list[Record]]:
+    """Header and records of whole JSONL lines (blank lines skipped)."""
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1)
+             if line.strip()]
+    try:
+        first = json.loads(lines[0][1]) if lines else None
+    except json.JSONDecodeError:
+        first = None
+    if not isinstance(first, dict) or "header" not in first:
+        raise ResultsMismatchError(
+            f"{path} is not an adaptrack results file (no header line){hint}")
+    records = []
+    for number, line in lines[1:]:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ResultsMismatchError(
+                f"{path} line {number} is not JSON ({err.msg}); fix or delete that line"
+            ) from None
+    return first["header"], records
+
+
 def read_results(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
     """The header and records of a results file, plain or gzipped (``.gz``); a line cut
     short at the end is ignored."""
     try:
         raw = Path(path).read_bytes()
         data = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8")
-    except (OSError, EOFError) as err:  # EOFError: a gzip file cut short
+    except (OSError, EOFError, UnicodeDecodeError) as err:  # EOFError: a gzip file cut short
         raise AdaptrackError(f"cannot read results file {str(path)!r}: "
                              f"{getattr(err, 'strerror', None) or err}") from None
-    lines = data.splitlines()
-    if data and not data.endswith("\n"):
-        lines = lines[:-1]
-    try:
-        rows = [json.loads(line) for line in lines if line.strip()]
-    except json.JSONDecodeError as err:
-        raise AdaptrackError(f"{path} is not JSONL: {err.msg}") from None
-    if not rows or "header" not in rows[0]:
-        raise AdaptrackError(f"{path} is not an adaptrack results file (no header line)")
-    return rows[0]["header"], rows[1:]
+    return _parse(data[: data.rfind("\n") + 1], path)
 
 
 def run(
@@ -361,14 +358,15 @@ class ModelTask:
         state["_lm"] = None
         return state
 
-    def check_methods(self, methods: tuple[str, ...]) -> None:
-        """ValueError naming the first unknown method (before any model is loaded)."""
-        from ..generate import METHODS
-
-        bad = [m for m in methods if m not in METHODS]
-        if bad or not methods:
-            raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
-                             if bad else "give at least one method")
-
     def model_config(self) -> dict[str, Any]:
         return {"model": self.model or "default", "backend": self.backend, "device": self.device}
+
+
+def check_methods(methods: tuple[str, ...]) -> None:
+    """ValueError naming the first unknown method (before any model is loaded)."""
+    from ..generate import METHODS
+
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
+                         if bad else "give at least one method")

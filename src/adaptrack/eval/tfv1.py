@@ -49,7 +49,7 @@ from pathlib import Path
 
 from ..constraints import API_TERMINATORS, Choice, anything, api_names
 from ..errors import AdaptrackError
-from .runner import Job, ModelTask, Record, seed_for
+from .runner import Job, ModelTask, Record, check_methods, seed_for
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names, write_names
 
 V1 = "compat.v1."
@@ -74,10 +74,6 @@ class Problem:
     api: str
     prompt: str
     oracle: dict[str, str]
-
-    @property
-    def id(self) -> str:
-        return self.api
 
 
 def _is_nested_copy(name: str) -> bool:
@@ -157,12 +153,12 @@ def setting_constraint(setting: str, version: str = DEFAULT_VERSION) -> Choice:
 def api_text(text: str) -> str:
     """The API a completion wrote: ``text`` up to its first terminator (``(``, space, …)."""
     for i, ch in enumerate(text):
-        if ord(ch) < 0x80 and ch.encode() in _TERMINATOR_CHARS:
+        if ch in _TERMINATOR_CHARS:
             return text[:i]
     return text
 
 
-_TERMINATOR_CHARS = {bytes([b]) for b in API_TERMINATORS}
+_TERMINATOR_CHARS = frozenset(API_TERMINATORS.decode("ascii"))
 
 
 METHODS = ("unconstrained", "cd", "adaptrack", "exact")
@@ -193,12 +189,12 @@ class TFv1Task(ModelTask):
     version: str = DEFAULT_VERSION
 
     def __post_init__(self) -> None:
-        self.check_methods(self.methods)
+        check_methods(self.methods)
         bad = [s for s in self.settings if s not in SETTINGS]
         if bad:
             raise ValueError(f"unknown setting {bad[0]!r}; choose from {', '.join(SETTINGS)}")
-        if not self.methods or not self.settings:
-            raise ValueError("give at least one method and one setting")
+        if not self.settings:
+            raise ValueError("give at least one setting")
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
         if not self.temperature > 0:
