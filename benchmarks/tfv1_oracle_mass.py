@@ -14,14 +14,8 @@ import math
 import statistics
 
 import adaptrack as at
+from adaptrack.demo import text_logprob
 from adaptrack.eval import tfv1
-
-
-def text_logprob(lm: at.LanguageModel, prompt: list[int], text: str) -> float:
-    """log P(text | prompt) along ``text``'s own tokenization, in one model call."""
-    ids = prompt + lm.encode(text)
-    rows = lm.logprobs_along(tuple(prompt), ids[len(prompt):])
-    return float(sum(rows[i, t] for i, t in enumerate(ids[len(prompt):])))
 
 
 def main() -> None:
@@ -32,8 +26,7 @@ def main() -> None:
     lm = at.load_model(args.model)
     rows = []
     for p in tfv1.problems(limit=args.limit):
-        prompt = lm.encode(p.prompt)
-        rows.append({s: text_logprob(lm, prompt, p.oracle[s] + "(") for s in tfv1.SETTINGS})
+        rows.append({s: text_logprob(lm, p.prompt, p.oracle[s] + "(") for s in tfv1.SETTINGS})
     print(f"{len(rows)} TFv1 problems, model {getattr(lm, 'name', args.model)}\n")
     print("| answer | median log P | mean P | share of problems with P > 1e-3 |")
     print("|---|---|---|---|")

@@ -115,13 +115,14 @@ def figure3_constraint() -> Constraint:
     return constraints.choice(["." + name for name in TF2_NAMES], terminators="(")
 
 
-def _text_logprob(lm: LanguageModel, prompt: list[int], text: str) -> float:
-    """log P(text | prompt) along the text's own tokenization (one batched model call)."""
-    full = lm.encode(FIGURE3_PROMPT + text)
-    if full[: len(prompt)] != prompt:  # the boundary merged: score text tokenized alone
-        full = prompt + lm.encode(text)
-    rows = lm.next_logprobs([tuple(full[:i]) for i in range(len(prompt), len(full))])
-    return float(sum(rows[i, t] for i, t in enumerate(full[len(prompt):])))
+def text_logprob(lm: LanguageModel, prompt: str, text: str) -> float:
+    """log P(text | prompt) along the canonical tokenization of prompt + text (of the text
+    alone where the boundary merges), in one model call."""
+    head = lm.encode(prompt)
+    full = lm.encode(prompt + text)
+    tail = full[len(head):] if full[: len(head)] == head else lm.text_tokens(text)
+    rows = lm.logprobs_along(tuple(head), tail)
+    return float(sum(rows[i, t] for i, t in enumerate(tail)))
 
 
 def run_model_demo(
@@ -150,7 +151,7 @@ def run_model_demo(
     prompt = lm.encode(FIGURE3_PROMPT)
     for label, text in (("v1 intent (invalid in TF 2)", V1_INTENT),
                         ("v2 answer", V2_ANSWER)):
-        lp = _text_logprob(lm, prompt, text)
+        lp = text_logprob(lm, FIGURE3_PROMPT, text)
         print(f"  P(`{text}` | prompt) = {math.exp(lp):.2e}   ({label})", file=out)
     print(f"\n| method | greedy | {n} samples (count × text) | valid | lm_calls/sample |",
           file=out)
