@@ -18,6 +18,8 @@ from typing import Any, NoReturn, TextIO
 
 from . import __version__, constraints, toy
 from .errors import AdaptrackError
+from .eval import binary as binary_task
+from .eval import tfv1
 from .generate import METHODS, GenerationResult, Sample, generate
 from .lm.default import cache_dir, default_gguf
 from .lm.load import BACKENDS, DEVICES, load_model
@@ -183,14 +185,15 @@ def _build_parser() -> _Parser:
                     "completions; EM@k and LM calls per sample (paper Tables 1 and 5).",
     )
     tf.add_argument("--methods", type=_names(METHODS), metavar="M,M",
-                    default="unconstrained,cd,adaptrack,exact",
-                    help="comma-separated methods (default: unconstrained,cd,adaptrack,exact)")
-    tf.add_argument("--settings", type=_names(("v1", "v2")), default="v1,v2", metavar="S,S",
-                    help="TensorFlow settings: v1, v2 or both (default: v1,v2)")
+                    default=",".join(tfv1.METHODS),
+                    help=f"comma-separated methods (default: {','.join(tfv1.METHODS)})")
+    tf.add_argument("--settings", type=_names(tfv1.SETTINGS), default=",".join(tfv1.SETTINGS),
+                    metavar="S,S", help="TensorFlow settings: v1, v2 or both (default: v1,v2)")
     tf.add_argument("-n", type=_positive_int, default=20,
                     help="sampled completions per problem (default: 20)")
     tf.add_argument("--limit", type=_positive_int, metavar="N",
-                    help="run the first N of the 416 problems (a fixed shuffled order)")
+                    help="run the first N of the problems (416 for TF 2.16.1; a fixed "
+                         "shuffled order)")
     tf.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N",
                     help="most tokens per completion (default: 32)")
     binary = ev_sub.add_parser(
@@ -200,9 +203,10 @@ def _build_parser() -> _Parser:
                     "(by enumeration) and the paper's sample-based KL (Table 4, Figure 4).",
     )
     binary.add_argument("--methods", type=_names(METHODS), metavar="M,M",
-                        default="cd,asap,adaptrack,exact",
-                        help="comma-separated methods (default: cd,asap,adaptrack,exact; "
-                             "adaptrack shares Q across samples, as in the paper)")
+                        default=",".join(binary_task.METHODS),
+                        help=f"comma-separated methods (default: "
+                             f"{','.join(binary_task.METHODS)}; adaptrack shares Q across "
+                             "samples, as in the paper)")
     binary.add_argument("-n", type=_positive_int, default=2000,
                         help="samples per method (default: 2000)")
     for parser_ in (tf, binary):
@@ -488,18 +492,14 @@ def _eval(args: argparse.Namespace) -> None:
     from .eval import runner
 
     if args.eval == "tfv1":
-        from .eval.tfv1 import TFv1Task
-
-        task: Any = TFv1Task(model=args.model, backend=args.backend, device=args.device,
-                             methods=args.methods, settings=args.settings, n=args.n,
-                             limit=args.limit, temperature=args.temperature,
-                             max_new_tokens=args.max_new_tokens, seed=args.seed)
+        task: Any = tfv1.TFv1Task(
+            model=args.model, backend=args.backend, device=args.device, methods=args.methods,
+            settings=args.settings, n=args.n, limit=args.limit, temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens, seed=args.seed)
     else:
-        from .eval.binary import BinaryTask
-
-        task = BinaryTask(model=args.model, backend=args.backend, device=args.device,
-                          methods=args.methods, n=args.n, temperature=args.temperature,
-                          seed=args.seed)
+        task = binary_task.BinaryTask(
+            model=args.model, backend=args.backend, device=args.device, methods=args.methods,
+            n=args.n, temperature=args.temperature, seed=args.seed)
     progress = _Progress("jobs")
     try:
         runner.run(task, args.out, workers=args.workers, on_start=progress.start,

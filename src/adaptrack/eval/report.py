@@ -50,6 +50,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def _table(columns: list[str], rows: dict[str, list[str]]) -> list[str]:
+    """Markdown lines of a table with a "Method" column, one row per method."""
+    return (["| Method | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
+            + [f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(cells) + " |"
+               for m, cells in rows.items()])
+
+
 def _about(header: dict[str, Any]) -> str:
     return (f"model `{header.get('model')}` (backend {header.get('backend')}), "
             f"temperature {header.get('temperature')}, seed {header.get('seed')}")
@@ -137,34 +144,28 @@ def tfv1_report(header: dict[str, Any], records: list[Record],
         shown = ", ".join(f"{m} {st}: {c}" for (m, st), c in sorted(s["errors"].items()))
         lines.append(f"Jobs that raised an error, scored as misses: {shown} (the records "
                      "say why).")
+    def per_setting(fmt: Any, width: int = 1) -> dict[str, list[str]]:
+        """Each method's cells, ``width`` per setting (blank where it did not run)."""
+        blank = " | ".join([""] * width)
+        return {m: [fmt(cells[(m, st)]) if (m, st) in cells else blank for st in settings]
+                for m in methods}
+
+    em = per_setting(lambda c: " | ".join(_pct(c["em"][k]) for k in ks), len(ks))
+    calls = per_setting(lambda c: "{:.2f} ({:.2f}, {:.2f})".format(*c["calls"]))
+    cost = per_setting(lambda c: f"{c['seconds']:.2f} | {c['lm_calls']:.1f} | "
+                                 f"{c['backtracks']:.1f}", 3)
     lines += ["", "## Exact match (Table 1)", "",
               "EM@1 is the greedy completion; EM@k for k > 1 is eq. 5 over the samples.", "",
-              "| Method | " + " | ".join(f"{st} EM@{k}" for st in settings for k in ks) + " |",
-              "|---" * (1 + len(settings) * len(ks)) + "|"]
-    for m in methods:
-        row = [_pct(cells[(m, st)]["em"][k]) if (m, st) in cells else "" for st in settings
-               for k in ks]
-        lines.append(f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(row) + " |")
-    lines += ["", "## Calls to the LM per sample (Table 5)", "",
+              *_table([f"{st} EM@{k}" for st in settings for k in ks], em),
+              "", "## Calls to the LM per sample (Table 5)", "",
               "avg (min, max): the mean over problems of each problem's average, minimum "
               "and maximum over its samples.", "",
-              "| Method | " + " | ".join(f"{st} avg (min, max)" for st in settings) + " |",
-              "|---" * (1 + len(settings)) + "|"]
-    for m in methods:
-        row = ["{:.2f} ({:.2f}, {:.2f})".format(*cells[(m, st)]["calls"])
-               if (m, st) in cells else "" for st in settings]
-        lines.append(f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(row) + " |")
-    lines += ["", "## Cost per problem", "",
+              *_table([f"{st} avg (min, max)" for st in settings], calls),
+              "", "## Cost per problem", "",
               "Seconds for the greedy and the sampled completions; distinct prefixes the "
               "model evaluated (`lm_calls`) and backtracks, for the samples only.", "",
-              "| Method | " + " | ".join(f"{st} s | {st} lm_calls | {st} backtracks"
-                                       for st in settings) + " |",
-              "|---" * (1 + 3 * len(settings)) + "|"]
-    for m in methods:
-        row = [f"{cells[(m, st)]['seconds']:.2f} | {cells[(m, st)]['lm_calls']:.1f} | "
-               f"{cells[(m, st)]['backtracks']:.1f}" if (m, st) in cells else " | | "
-               for st in settings]
-        lines.append(f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(row) + " |")
+              *_table([f"{st} {c}" for st in settings for c in ("s", "lm_calls", "backtracks")],
+                      cost)]
     if plots is not None:
         lines += ["", f"![EM@k per method and setting]({_plot_tfv1(s, ks, Path(plots))})"]
     return "\n".join(lines)
@@ -281,12 +282,11 @@ def binary_report(header: dict[str, Any], records: list[Record],
              f"P(00000 | c) = {p0:.4f}.", ""]
     if not methods:
         return "\n".join([*lines, "No method has finished yet."])
-    lines += ["| Method | KL to target (exact) | sample KL (paper) | P(00000) | "
-              "calls/sample | lm_calls | seconds |", "|---" * 7 + "|"]
-    for m, r in methods.items():
-        lines.append(f"| {METHOD_NAMES.get(m, m)} | {r['kl']:.4f} | {r['sample_kl']:.4f} | "
-                     f"{r['p00000']:.4f} | {r['calls_per_sample']:.2f} | {r['lm_calls']} | "
-                     f"{r['seconds']:.1f} |")
+    lines += _table(["KL to target (exact)", "sample KL (paper)", "P(00000)", "calls/sample",
+                     "lm_calls", "seconds"],
+                    {m: [f"{r['kl']:.4f}", f"{r['sample_kl']:.4f}", f"{r['p00000']:.4f}",
+                         f"{r['calls_per_sample']:.2f}", str(r["lm_calls"]),
+                         f"{r['seconds']:.1f}"] for m, r in methods.items()})
     n = min(r["n"] for r in methods.values())
     noise = iid_kls(target, n)
     lines += ["", "KL to target: KL(empirical ‖ P(· | c)) in nats, the target enumerated. "
