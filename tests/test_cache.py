@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import adaptrack as at
-from adaptrack.toy import PROBLEMS
+from adaptrack.testing import PROBLEMS
 
 CASES = [
     ("unconstrained", {}),

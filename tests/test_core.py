@@ -11,7 +11,7 @@ from scipy.stats import chi2
 
 import adaptrack as at
 from adaptrack.sampling.tree import PrefixTree, QTable, nucleus
-from adaptrack.toy import PROBLEMS, hashed_weights
+from adaptrack.testing import PROBLEMS, hashed_weights
 
 
 def random_vocab(rng: random.Random, alphabet: bytes = b"abc(") -> list[bytes]:

@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import chi2
 
 import adaptrack as at
-from adaptrack.toy import PROBLEMS, binary, hashed_weights
+from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
 N = 20_000
 

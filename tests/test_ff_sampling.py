@@ -12,7 +12,7 @@ from scipy.stats import chi2
 import adaptrack as at
 from adaptrack.constraints import choice, json_schema
 from adaptrack.sampling.tree import FastForward, PrefixTree, QTable
-from adaptrack.toy import hashed_weights
+from adaptrack.testing import hashed_weights
 
 # "xyzw" is forced at the start. Greedy (TableLM's canonical) tokens: "xyz" "w"; "w1" could
 # span the end, so "w" is held back and only "xyz" is forced.

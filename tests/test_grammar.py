@@ -27,7 +27,7 @@ from adaptrack.constraints.grammar import (
     ll_vocab,
     regex,
 )
-from adaptrack.toy import hashed_weights
+from adaptrack.testing import hashed_weights
 
 # Multi-byte tokens that span lexemes ('{"', '":', '",', '1,', '[1'); two EOS ids, one other
 # special token and ids past the tokenizer.

@@ -12,7 +12,7 @@ import pytest
 import adaptrack as at
 from adaptrack.constraints import all_of, anything, choice, predicate
 from adaptrack.sampling.tree import checked_nucleus, nucleus
-from adaptrack.toy import PROBLEMS, api_names, hashed_weights
+from adaptrack.testing import PROBLEMS, api_names, hashed_weights
 
 METHODS = ["cd", "asap", "adaptrack", "exact"]
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TextIO
 
-from . import __version__, constraints, toy
+from . import __version__, constraints, testing
 from .errors import AdaptrackError
 from .eval import binary as binary_task
 from .eval import tfv1
@@ -164,7 +164,7 @@ def _build_parser() -> _Parser:
         description="Compare the methods on the default (or given) model; with --problem, on "
                     "a toy problem against the exact target distribution.",
     )
-    demo.add_argument("--problem", choices=sorted(toy.PROBLEMS),
+    demo.add_argument("--problem", choices=sorted(testing.PROBLEMS),
                       help="run a toy problem instead of the real-model demo")
     demo.add_argument("-n", "--samples", type=_positive_int,
                       help="samples per method (default: 10 for the model demo, 2000 for a "

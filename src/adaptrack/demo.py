@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from . import constraints, metrics, toy
+from . import constraints, metrics, testing
 from .constraints.base import Constraint
 from .eval import tfv1
 from .generate import exact_distribution, generate
@@ -40,7 +40,7 @@ def run_demo(
 ) -> None:
     """Print, per method, the share of the top texts, KL to the exact target and the cost."""
     out = out or sys.stdout
-    lm, constraint, max_new = toy.PROBLEMS[problem]()
+    lm, constraint, max_new = testing.PROBLEMS[problem]()
     target = exact_distribution(lm, [], constraint, max_new_tokens=max_new)
     by_text: Counter[str] = Counter()
     for s, p in target.items():

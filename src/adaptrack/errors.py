@@ -1,4 +1,18 @@
-"""Named errors. Every failure a user can cause has one, with a message that says how to fix it."""
+"""Named errors: the error contract of the package, stated once.
+
+- Bad arguments (a wrong type, a number out of range, an unknown name) raise ``TypeError``
+  or ``ValueError`` before any model work, with a message that names the argument, what it
+  got and what it takes.
+- Every other failure a user can cause or meet raises a subclass of :class:`AdaptrackError`
+  with a one-line message that says what happened and how to fix it. Errors that are also
+  bad input (an invalid grammar, a prompt too long for the model) subclass ``ValueError``
+  too, so ``except ValueError`` keeps working.
+- A failure never throws away finished work: ``generate`` hands finished samples to
+  ``on_sample`` as they finish, and the evaluation harness appends each finished job to its
+  results file before starting the next.
+- The command line prints ``adaptrack: error: <message>`` and exits 2 for these errors; a
+  traceback means a bug.
+"""
 
 
 class AdaptrackError(Exception):
@@ -8,13 +22,31 @@ class AdaptrackError(Exception):
 class NoValidSequenceError(AdaptrackError):
     """The constraint admits no complete sequence within ``max_new_tokens``.
 
-    Raised once the prefix tree proves it (the root's estimated valid mass Q[ε] is 0), so
-    no method can loop on an empty language.
+    Raised once the prefix tree proves it (the root's estimated valid mass Q[ε] is 0), or
+    up front when the shortest valid text needs more tokens than allowed, so no method can
+    loop on an empty language.
     """
 
 
-class TreeLimitError(AdaptrackError):
+class SearchLimitError(AdaptrackError):
+    """A search ran past one of its budgets (``max_nodes`` or ``max_seconds``)."""
+
+
+class TreeLimitError(SearchLimitError):
     """The prefix tree grew past its node limit (``max_nodes``)."""
+
+
+class SearchTimeoutError(SearchLimitError):
+    """Sampling ran past its time budget (``max_seconds``)."""
+
+
+class GrammarError(AdaptrackError, ValueError):
+    """A grammar (regex, JSON schema, Lark, GBNF) is invalid, or llguidance failed on it
+    (for example its lexer or parser resource limits)."""
+
+
+class PromptTooLongError(AdaptrackError, ValueError):
+    """The prompt plus ``max_new_tokens`` does not fit in the model's context window."""
 
 
 class ModelOutputError(AdaptrackError, ValueError):
@@ -23,3 +55,18 @@ class ModelOutputError(AdaptrackError, ValueError):
 
 class ModelLoadError(AdaptrackError):
     """A model could not be found, downloaded or loaded (the message says which and why)."""
+
+
+class BackendError(AdaptrackError):
+    """A model backend failed while running (for example ``llama_decode`` returned an
+    error); the message names the backend and its status."""
+
+
+class ResultsMismatchError(AdaptrackError):
+    """An evaluation results file cannot be appended to or read: not a regular file, not
+    in the results format, or written by another task or with other options."""
+
+
+class WorkerError(AdaptrackError):
+    """An evaluation worker process failed to set up (the message carries its error) or
+    died."""

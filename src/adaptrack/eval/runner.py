@@ -31,14 +31,10 @@ from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import AdaptrackError
+from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
 
 Job = dict[str, Any]
 Record = dict[str, Any]
-
-
-class ResultsMismatchError(AdaptrackError):
-    """The results file was written by a run with other options; it is not appended to."""
 
 
 class Task(Protocol):
@@ -111,10 +107,6 @@ def _run_in_worker(job: Job) -> Record:
         raise WorkerError(f"a worker process could not set up: {_WORKER_ERROR}")
     assert _WORKER_TASK is not None
     return _timed(_WORKER_TASK, job)
-
-
-class WorkerError(AdaptrackError):
-    """A worker process failed to set up (the message carries its error) or died."""
 
 
 class Processes:

@@ -1,6 +1,8 @@
-"""Toy problems small enough to enumerate, shared by the demo, the tests and the benchmarks.
+"""Helpers for testing samplers and constraints: toy problems small enough to enumerate
+(shared by the demo, the tests and the benchmarks), and contract checks that any custom
+constraint can run.
 
-Each returns ``(lm, constraint, max_new_tokens)``.
+Each toy problem returns ``(lm, constraint, max_new_tokens)``.
 
 >>> from adaptrack import exact_distribution
 >>> lm, bits, max_new = binary()
@@ -38,7 +40,7 @@ def binary() -> Problem:
 
 
 def no_ab() -> Problem:
-    """design.md §3: {a,b,c}^4 without "ab", ending in "c" or equal to "aaaa"."""
+    """docs/design.md §3: {a,b,c}^4 without "ab", ending in "c" or equal to "aaaa"."""
     lm = TableLM([b"a", b"b", b"c", b"<eos>"], hashed_weights(4, b"no_ab"), eos=3)
     words = ("".join(t) for t in itertools.product("abc", repeat=4))
     valid = [w for w in words if "ab" not in w and (w.endswith("c") or w == "aaaa")]
