@@ -12,9 +12,14 @@
 from . import constraints, metrics
 from .errors import (
     AdaptrackError,
+    BackendError,
+    GrammarError,
     ModelLoadError,
     ModelOutputError,
     NoValidSequenceError,
+    PromptTooLongError,
+    SearchLimitError,
+    SearchTimeoutError,
     TreeLimitError,
 )
 from .generate import METHODS, GenerationResult, Sample, exact_distribution, generate
@@ -28,13 +33,18 @@ __version__ = "0.1.0"
 __all__ = [
     "METHODS",
     "AdaptrackError",
+    "BackendError",
     "FastForward",
     "GenerationResult",
+    "GrammarError",
     "LanguageModel",
     "ModelLoadError",
     "ModelOutputError",
     "NoValidSequenceError",
+    "PromptTooLongError",
     "Sample",
+    "SearchLimitError",
+    "SearchTimeoutError",
     "TableLM",
     "Tokenizer",
     "TreeLimitError",
