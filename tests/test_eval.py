@@ -6,7 +6,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,6 +210,183 @@ def test_wall_seconds_counts_overlaps_once():
     assert report.wall_seconds(rows) == 13
 
 
+
+def _guarded(code: str, cwd: Path, seconds: int = 60) -> str:
+    """Run ``code`` in a fresh Python held to 1 GiB of memory and ``seconds`` of wall time,
+    so a regression that reads without limit fails fast instead of eating the machine."""
+    prelude = ("import resource\n"
+               "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n")
+    proc = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
+                          text=True, timeout=seconds, cwd=cwd,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_a_results_path_that_is_not_a_regular_file_is_refused_unread(tmp_path):
+    """`adaptrack eval binary -n 10 -o /dev/full` read the device without end (24 GB, then
+    killed for memory) and `report` on a FIFO blocked for ever: both commands refuse such a
+    path, naming it and what it is, before reading or writing it. A small gzip file that
+    expands to 2 GiB is read only up to the line limit."""
+    device = next((d for d in ("/dev/full", "/dev/zero") if os.path.exists(d)), None)
+    code = f"""
+import contextlib, gzip, io, json, os, socket
+from adaptrack.cli import main
+from adaptrack.eval import runner
+os.mkfifo("fifo")
+os.mkdir("dir")
+sock = socket.socket(socket.AF_UNIX)
+sock.bind("sock")
+# 2 GiB of zeros after the header, in 2 MB of gzip (members of 64 MiB each, concatenated)
+with open("bomb.jsonl.gz", "wb") as f:
+    f.write(gzip.compress(b'{{"header": {{"task": "binary"}}}}\\n'))
+    f.write(gzip.compress(bytes(64 << 20)) * 32)
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    out = {{"bomb.jsonl.gz": [main(["report", "bomb.jsonl.gz"]), err.getvalue()]}}
+for path in {[device] if device else []} + ["fifo", "sock", "dir"]:
+    got = out[path] = []
+    for argv in (["eval", "binary", "-n", "10", "-o", path], ["report", path]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            got.append([main(argv), err.getvalue()])
+    try:
+        runner.read_results(path)
+    except runner.ResultsMismatchError as exc:
+        got.append([0, str(exc)])
+print(json.dumps(out))
+"""
+    out = json.loads(_guarded(code, tmp_path))
+    status, err = out.pop("bomb.jsonl.gz")
+    assert status == 2 and "bomb.jsonl.gz line 2 is longer than 64 MiB" in err
+    kinds = {"fifo": "FIFO", "sock": "socket", "dir": "directory", device: "character device"}
+    assert len(out) == (4 if device else 3)
+    for path, got in out.items():
+        assert len(got) == 3, got
+        for status, err in got:
+            assert status in (0, 2) and f"{path} is a {kinds[path]}, not a regular file" in err
+            assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.jsonl.gz", "dir", "fifo", "sock"]
+    assert not any((tmp_path / "dir").iterdir())
+
+
+def test_a_results_line_is_read_with_a_bound(tmp_path, monkeypatch):
+    """A line longer than runner.LINE_LIMIT is an error, not a read of the whole line (the
+    limit lowered to 1 MiB here to keep the test fast; the guarded test above uses 64 MiB)."""
+    monkeypatch.setattr(runner, "LINE_LIMIT", 2**20)
+    header = json.dumps({"header": {"task": "squares", "option": 0}}).encode() + b"\n"
+    huge = b"0" * (2**20 + 10)
+    plain = tmp_path / "r.jsonl"
+    plain.write_bytes(header + huge + b"\n")
+    with pytest.raises(runner.ResultsMismatchError, match="line 2 is longer than 1 MiB"):
+        runner.run(Squares(2), plain)
+    assert plain.stat().st_size == len(header) + len(huge) + 1  # left as it was
+    with pytest.raises(runner.ResultsMismatchError, match="line 2 is longer than 1 MiB"):
+        runner.read_results(plain)
+    packed = tmp_path / "r.jsonl.gz"
+    packed.write_bytes(gzip.compress(header + huge))  # no newline: torn, still too long
+    with pytest.raises(runner.ResultsMismatchError, match="line 2 is longer than 1 MiB"):
+        runner.read_results(packed)
+
+
+def test_a_record_too_long_to_read_back_is_not_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "LINE_LIMIT", 2**20)
+
+    class Big(Squares):
+        def run(self, job):
+            return {"key": job["key"], "blob": "x" * (2**20 if job["i"] else 1)}
+
+    path = tmp_path / "r.jsonl"
+    with pytest.raises(runner.ResultsMismatchError, match="over the 1 MiB line limit"):
+        runner.run(Big(2), path)
+    assert [r["key"] for r in runner.read_results(path)[1]] == ["j0"]
+    with pytest.raises(ValueError, match="n must be at least 1 and at most 250,000"):
+        binary.BinaryTask(n=10**6)
+
+
+def _results(path: Path, header: dict, *lines) -> Path:
+    rows = [json.dumps({"header": header})] + [x if isinstance(x, str) else json.dumps(x)
+                                               for x in lines]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+TFV1_HEADER = {"task": "tfv1", "model": "default", "backend": "auto", "device": "auto",
+               "n": 4, "temperature": 1.0, "max_new_tokens": 48, "seed": 0,
+               "tf_version": "2.16.1"}
+BINARY_RECORD = {"key": "cd", "method": "cd", "samples": [[1, 2]], "logprobs": [-1.0],
+                 "lm_requests": [3], "lm_calls": 3, "seconds": 0.5}
+
+
+@pytest.mark.parametrize("line, why", [
+    (BINARY_RECORD, "line 3 is not a tfv1 record: no 'problem' field; it is a binary record"),
+    ("[1, 2]", "line 3 is not a JSON object but an array"),
+    ('"text"', "line 3 is not a JSON object but a string"),
+    ({"problem": "p"}, "line 3 has no 'key'"),
+    ({**BINARY_RECORD, "key": "x", "problem": "p", "method": "cd", "setting": "v1",
+      "oracle": {"v1": ".a"}, "greedy": ".a", "samples": ".a"},
+     "line 3 is not a tfv1 record: 'samples' is not a non-empty list of strings"),
+    ({"header": TFV1_HEADER}, "line 3 is a second header"),
+    ("{not json", "line 3 is not JSON"),
+])
+def test_report_refuses_a_bad_record_in_one_line(tmp_path, capsys, line, why):
+    """A record of another task, or not an object, raised KeyError or TypeError from deep in
+    the report; the parser now names the line and what is wrong."""
+    path = _results(tmp_path / "r.jsonl", TFV1_HEADER, _row("x", "cd"), line)
+    with pytest.raises(runner.ResultsMismatchError, match=why):
+        report.report(path)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("adaptrack: error: ") and why in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("header, why", [
+    ([], "not an adaptrack results file"),
+    ({"model": "m"}, "not an adaptrack results file"),
+    ({**TFV1_HEADER, "n": "many"}, "header option 'n' is not a positive integer"),
+])
+def test_report_refuses_a_bad_header_in_one_line(tmp_path, header, why):
+    path = _results(tmp_path / "r.jsonl", header, _row("x", "cd"))
+    with pytest.raises(runner.ResultsMismatchError, match=why):
+        report.report(path)
+
+
+def test_binary_record_checks(tmp_path):
+    header = {"task": "binary", "n": 1}
+    for bad, why in [({**BINARY_RECORD, "logprobs": []}, "1 samples but 0 logprobs"),
+                     ({**BINARY_RECORD, "lm_requests": []}, "'lm_requests' is not a non-empty"),
+                     ({"key": "target", "target": [[[1], "p", "0"]]}, "'target' is not")]:
+        path = _results(tmp_path / "b.jsonl", header, bad)
+        with pytest.raises(runner.ResultsMismatchError, match=why):
+            report.report(path)
+
+
+def test_eval_refuses_to_append_to_a_mixed_file(tmp_path):
+    """`eval tfv1` appended its records after another task's, making a file no report could
+    read; it now refuses the file, before loading a model, and leaves it as it was."""
+    task = tfv1.TFv1Task(limit=1, n=4, max_new_tokens=48)
+    task._lm = "no model: nothing may run"
+    path = _results(tmp_path / "r.jsonl", task.config(), BINARY_RECORD)
+    before = path.read_bytes()
+    with pytest.raises(runner.ResultsMismatchError, match="line 2 is not a tfv1 record"):
+        runner.run(task, path)
+    with open(path, "a") as f:  # still refused with a torn last line after it
+        f.write('{"key": "j6", "squ')
+    with pytest.raises(runner.ResultsMismatchError, match="line 2 is not a tfv1 record"):
+        runner.run(task, path)
+    assert path.read_bytes() == before + b'{"key": "j6", "squ'
+
+
+def test_shipped_results_files_pass_the_checks():
+    docs = Path(__file__).parent.parent / "docs" / "results"
+    if not (docs / "binary.jsonl.gz").exists():
+        pytest.skip("docs/results is not in this checkout")
+    header, records = runner.read_results(docs / "binary.jsonl.gz")
+    assert header["task"] == "binary" and len(records) == 5
+    assert "P(00000 | c)" in report.report(docs / "binary.jsonl.gz")
+    header, records = runner.read_results(docs / "tfv1.jsonl.gz")
+    assert header["task"] == "tfv1" and len(records) == 2912
+
 # -- TFv1 end to end on a small exact model -------------------------------------------------
 
 
@@ -299,7 +479,7 @@ def test_report_counts_only_problems_every_method_has(tmp_path):
     assert s["problems"] == 1 and s["dropped"] == 1
     # a gzipped results file reads the same
     gz = tmp_path / "r.jsonl.gz"
-    lines = [json.dumps({"header": {"task": "tfv1", "model": "m"}})] + [json.dumps(r) for r in rows]
+    lines = [json.dumps({"header": TFV1_HEADER})] + [json.dumps(r) for r in rows]
     gz.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     assert "# TFv1: 1 problems, n = 4" in report.report(gz)
 

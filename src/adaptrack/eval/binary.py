@@ -28,6 +28,9 @@ PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")
 # Five bits and EOS take at most six tokens; two more leave room for odd tokenizations.
 MAX_NEW_TOKENS = 8
+# One method's samples make one results line (about 64 bytes a sample), which must stay
+# under the runner's LINE_LIMIT (64 MiB) to be read back.
+MAX_N = 250_000
 
 
 def constraint() -> Choice:
@@ -57,8 +60,9 @@ class BinaryTask(ModelTask):
 
     def __post_init__(self) -> None:
         check_methods(self.methods)
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be at least 1 and at most {MAX_N:,} (one method's "
+                             f"samples are one results line), got {self.n}")
         if not self.temperature > 0:
             raise ValueError("the binary study compares distributions: temperature must be > 0")
 

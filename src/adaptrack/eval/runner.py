@@ -14,6 +14,12 @@ says which option differs), skips the jobs already recorded and appends the rest
 interrupted run resumes without losing or redoing work. A line cut short by an interrupt is
 dropped. One run at a time writes a file (an exclusive lock); every record is stamped with
 ``started_at`` and ``finished_at`` (epoch seconds) for wall-time reports.
+
+Resuming and reporting read a file the same way (:func:`parse_results`): a path that is not
+a regular file is refused unread (a device or a FIFO may never end), no line may exceed
+:data:`LINE_LIMIT`, and every line is checked against its task, so a bad file fails with
+one :class:`ResultsMismatchError` that names the line (docs/design.md §6), and a run never
+appends to a file its report could not read.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ import hashlib
 import json
 import multiprocessing
 import os
+import stat
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, BinaryIO, Protocol
 
 from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
 
@@ -171,11 +179,58 @@ def pool(workers: int = 1) -> Pool:
     return InProcess() if workers == 1 else Processes(workers)
 
 
+LINE_LIMIT = 64 * 2**20
+"""The longest line a results file may hold, in bytes. Reading stops there, so a huge or
+endless input fails fast instead of filling memory; a binary record of 2,000 samples takes
+about 128 KB and a TFv1 record about 2 KB."""
+
+_KINDS = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket",
+          stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}
+
+
+def _refuse_unless_regular(mode: int, path: str | os.PathLike[str]) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "special file")
+        raise ResultsMismatchError(
+            f"{path} is a {kind}, not a regular file; pass a results file name")
+
+
+def check_regular(path: str | os.PathLike[str]) -> None:
+    """:class:`ResultsMismatchError` if ``path`` exists and is not a regular file (a
+    device, a FIFO, a socket, a directory), whose reading may never end; a missing path is
+    fine (a run creates it).
+
+    >>> check_regular("/dev/null")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    adaptrack.errors.ResultsMismatchError: /dev/null is a character device, not a regular ...
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    _refuse_unless_regular(mode, path)
+
+
+def _open_regular(path: Path, flags: int) -> BinaryIO:
+    """``path`` opened without blocking (a FIFO would block at open) and checked again once
+    open, in case it was replaced after :func:`check_regular`."""
+    check_regular(path)
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        _refuse_unless_regular(os.fstat(fd).st_mode, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "a+b" if flags & os.O_RDWR else "rb")
+
+
 class ResultsFile:
     """A JSONL results file: a header line, then one record per finished job.
 
     While open it holds an exclusive lock on the file, so two runs cannot append to it at
-    once. ``close()`` releases it.
+    once. ``close()`` releases it. An existing file is appended to only if every line passes
+    :func:`parse_results` and its header equals ``header``.
     """
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
@@ -186,10 +241,9 @@ class ResultsFile:
             raise ResultsMismatchError(
                 f"{self.path}: runs append to plain JSONL; gunzip it first or pass a .jsonl "
                 "name (report reads .gz files)")
-        if self.path.is_dir():
-            raise ResultsMismatchError(f"{self.path} is a directory; pass a file name")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a+b")  # held open: the lock lives as long as it
+        # held open: the lock lives as long as it
+        self._file = _open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -198,23 +252,19 @@ class ResultsFile:
                 f"another run is writing {self.path}; wait for it or pass another file"
             ) from None
         try:
-            self._file.seek(0)
-            data = self._file.read()
-            if data:
-                self._load(data)
+            size = os.fstat(self._file.fileno()).st_size
+            if size:
+                self._load(size)
             else:
                 self._write_line({"header": header})
         except BaseException:
             self.close()
             raise
 
-    def _load(self, data: bytes) -> None:
-        complete = data[: data.rfind(b"\n") + 1]
-        try:
-            text = complete.decode("utf-8")
-        except UnicodeDecodeError:
-            text = ""
-        old, self.records = _parse(text, self.path, "; pass a new file name")
+    def _load(self, size: int) -> None:
+        self._file.seek(0)
+        old, self.records, complete = parse_results(self._file, self.path,
+                                                    "; pass a new file name")
         keys = sorted(set(old) | set(self.header))
         differ = [k for k in keys if old.get(k) != self.header.get(k)]
         if differ:
@@ -224,8 +274,8 @@ class ResultsFile:
                 f"{self.path} was written with other options ({shown}); resume with the "
                 "same options or pass a new file name"
             )
-        if len(complete) < len(data):  # a line cut short by an interrupt: drop it
-            self._file.truncate(len(complete))
+        if complete < size:  # a line cut short by an interrupt: drop it
+            self._file.truncate(complete)
 
     @property
     def done(self) -> set[str]:
@@ -236,8 +286,14 @@ class ResultsFile:
         self.records.append(record)
 
     def _write_line(self, obj: dict[str, Any]) -> None:
+        line = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+        if len(line) > LINE_LIMIT:  # refused unwritten, so the file stays readable
+            raise ResultsMismatchError(
+                f"the record of job {obj.get('key')!r} takes {len(line) / 2**20:.0f} MiB, "
+                f"over the {LINE_LIMIT // 2**20} MiB line limit of results files; run it "
+                "with fewer samples (-n)")
         self._file.seek(0, os.SEEK_END)
-        self._file.write((json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8"))
+        self._file.write(line)
         self._file.flush()
         os.fsync(self._file.fileno())
 
@@ -247,38 +303,199 @@ class ResultsFile:
             self._file.close()
 
 
-def _parse(text: str, path: Path | str, hint: str = "") -> tuple[dict[str, Any], list[Record]]:
-    """Header and records of whole JSONL lines (blank lines skipped)."""
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1)
-             if line.strip()]
-    try:
-        first = json.loads(lines[0][1]) if lines else None
-    except json.JSONDecodeError:
-        first = None
-    if not isinstance(first, dict) or "header" not in first:
+# -- what a results file must hold ------------------------------------------------------
+# A check maps a value to whether it is acceptable, with the words an error message uses.
+
+Check = tuple[Callable[[Any], bool], str]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _list_of(item: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda x: isinstance(x, list) and len(x) > 0 and all(item(i) for i in x)
+
+
+STR: Check = (lambda x: isinstance(x, str), "a string")
+INT: Check = (_is_int, "an integer")
+POSITIVE: Check = (lambda x: _is_int(x) and x > 0, "a positive integer")
+NUMBER: Check = (_is_num, "a number")
+
+
+def _target_row(x: Any) -> bool:
+    return (isinstance(x, list) and len(x) == 3 and _list_of(_is_int)(x[0])
+            and _is_num(x[1]) and isinstance(x[2], str))
+
+
+HEADERS: dict[str, dict[str, Check]] = {
+    "tfv1": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
+             "max_new_tokens": POSITIVE, "seed": INT, "tf_version": STR},
+    "binary": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
+               "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
+}
+"""The options of each known task's header, by type (each may be absent: a run compares
+the whole header with its options anyway)."""
+
+_STAMPS: dict[str, Check] = {"started_at": NUMBER, "finished_at": NUMBER}
+_TFV1_JOB: dict[str, Check] = {
+    "problem": STR, "method": STR,
+    "setting": (lambda x: x is None or isinstance(x, str), "a string or null"),
+    "oracle": (lambda x: isinstance(x, dict) and len(x) > 0
+               and all(isinstance(v, str) for v in x.values()),
+               "an object of strings")}
+_TFV1_DONE: dict[str, Check] = {
+    "greedy": STR,
+    "samples": (_list_of(lambda x: isinstance(x, str)), "a non-empty list of strings"),
+    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
+    "lm_calls": INT, "seconds": NUMBER}
+_BINARY_RUN: dict[str, Check] = {
+    "samples": (_list_of(_list_of(_is_int)), "a non-empty list of token lists"),
+    "logprobs": (lambda x: isinstance(x, list) and all(_is_num(i) for i in x),
+                 "a list of numbers"),
+    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
+    "lm_calls": INT, "seconds": NUMBER}
+
+
+def _fields(obj: dict[str, Any], required: dict[str, Check],
+            optional: dict[str, Check] | None = None) -> str | None:
+    """What is wrong with ``obj``'s fields, or None."""
+    for name, (ok, words) in required.items():
+        if name not in obj:
+            return f"no {name!r} field"
+        if not ok(obj[name]):
+            return f"{name!r} is not {words}"
+    for name, (ok, words) in (optional or {}).items():
+        if name in obj and not ok(obj[name]):
+            return f"{name!r} is not {words}"
+    return None
+
+
+def _tfv1_record(r: Record) -> str | None:
+    wrong = _fields(r, _TFV1_JOB, _STAMPS)
+    if wrong or "error" in r:  # a job that raised keeps its error and no results
+        return wrong or _fields(r, {"error": STR})
+    return _fields(r, _TFV1_DONE, {"backtracks": NUMBER, "incomplete": INT})
+
+
+def _binary_record(r: Record) -> str | None:
+    if r["key"] == "target":
+        return _fields(r, {"target": (_list_of(_target_row),
+                                      "a non-empty list of [tokens, probability, text]")},
+                       {"seconds": NUMBER, **_STAMPS})
+    wrong = _fields(r, _BINARY_RUN, _STAMPS)
+    if wrong is None and len(r["logprobs"]) != len(r["samples"]):
+        wrong = f"{len(r['samples'])} samples but {len(r['logprobs'])} logprobs"
+    return wrong
+
+
+RECORDS: dict[str, Callable[[Record], str | None]] = {
+    "tfv1": _tfv1_record, "binary": _binary_record}
+"""Each known task's record check: what is wrong with a record (an object with a string
+``key``), or None. A task not named here (a user's own) needs only the ``key``."""
+
+
+def _json_kind(value: Any) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str], hint: str = ""
+                  ) -> tuple[dict[str, Any], list[Record], int]:
+    """The header, the records and the byte length of the whole lines of a results file
+    open for reading, each line checked: the header is an object with a ``task`` name and
+    options of the right types (:data:`HEADERS`), each record an object holding what its
+    task's records hold (:data:`RECORDS`). Blank lines are skipped; a last line without a
+    newline (cut short by an interrupt) is left out of all three. Anything else raises
+    :class:`ResultsMismatchError` naming the line and what is wrong with it.
+
+    >>> import io
+    >>> text = b'{"header": {"task": "mine"}}\\n{"key": "a", "x": 1}\\n{"key": "b", "x'
+    >>> parse_results(io.BytesIO(text), "r.jsonl")
+    ({'task': 'mine'}, [{'key': 'a', 'x': 1}], 50)
+    >>> parse_results(io.BytesIO(text.replace(b'{"key": "a", "x": 1}', b'[1]')), "r.jsonl")
+    Traceback (most recent call last):
+    ...
+    adaptrack.errors.ResultsMismatchError: r.jsonl line 2 is not a JSON object but an array; ...
+    """
+    fix = "; fix or delete that line"
+    header: dict[str, Any] | None = None
+    records: list[Record] = []
+    size = number = 0
+    while True:
+        raw = file.readline(LINE_LIMIT + 1)
+        if not raw:
+            break
+        number += 1
+        if not raw.endswith(b"\n"):
+            if len(raw) > LINE_LIMIT:
+                raise ResultsMismatchError(
+                    f"{path} line {number} is longer than {LINE_LIMIT // 2**20} MiB; "
+                    f"results files hold no such lines{hint}")
+            break  # the last line, cut short: its job is redone on resume
+        size += len(raw)
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            if header is None:
+                break
+            why = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+            raise ResultsMismatchError(f"{path} line {number} is not JSON ({why}){fix}"
+                                       ) from None
+        if header is None:
+            if not (isinstance(obj, dict) and isinstance(obj.get("header"), dict)
+                    and isinstance(obj["header"].get("task"), str)):
+                break
+            header = obj["header"]
+            wrong = _fields(header, {}, HEADERS.get(header["task"], {}))
+            if wrong:
+                raise ResultsMismatchError(f"{path}: header option {wrong}{hint}")
+            continue
+        records.append(_record(obj, header["task"], f"{path} line {number}", fix))
+    if header is None:
         raise ResultsMismatchError(
             f"{path} is not an adaptrack results file (no header line){hint}")
-    records = []
-    for number, line in lines[1:]:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ResultsMismatchError(
-                f"{path} line {number} is not JSON ({err.msg}); fix or delete that line"
-            ) from None
-    return first["header"], records
+    return header, records, size
+
+
+def _record(obj: Any, task: str, where: str, fix: str) -> Record:
+    """``obj`` if it is a record of ``task``, else the error that says why not."""
+    if not isinstance(obj, dict):
+        raise ResultsMismatchError(f"{where} is not a JSON object but {_json_kind(obj)}{fix}")
+    if "header" in obj:
+        raise ResultsMismatchError(
+            f"{where} is a second header (two results files joined?){fix}")
+    if not isinstance(obj.get("key"), str):
+        raise ResultsMismatchError(f"{where} has no 'key' string, which every record has{fix}")
+    check = RECORDS.get(task)
+    wrong = check(obj) if check else None
+    if wrong:
+        other = [t for t, c in RECORDS.items() if t != task and c(obj) is None]
+        also = f"; it is a {other[0]} record" if other else ""
+        raise ResultsMismatchError(f"{where} is not a {task} record: {wrong}{also}{fix}")
+    return obj
 
 
 def read_results(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
-    """The header and records of a results file, plain or gzipped (``.gz``); a line cut
-    short at the end is ignored."""
+    """The header and records of a results file, plain or gzipped (``.gz``), checked as
+    :func:`parse_results` says; a line cut short at the end is ignored."""
     try:
-        raw = Path(path).read_bytes()
-        data = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as err:  # EOFError: a gzip file cut short
+        with _open_regular(Path(path), os.O_RDONLY) as raw:
+            if str(path).endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                    header, records, _ = parse_results(unzipped, path)
+            else:
+                header, records, _ = parse_results(raw, path)
+    except (OSError, EOFError, zlib.error) as err:  # EOFError: a gzip file cut short
         raise AdaptrackError(f"cannot read results file {str(path)!r}: "
                              f"{getattr(err, 'strerror', None) or err}") from None
-    return _parse(data[: data.rfind("\n") + 1], path)
+    return header, records
 
 
 def run(
