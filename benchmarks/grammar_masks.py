@@ -3,7 +3,8 @@
 Compares two ways to keep llguidance's state in the prefix tree:
 
 - ``cursor`` (what :mod:`adaptrack.constraints.grammar` ships): a state is the token tuple;
-  one LLMatcher is rolled back to the common prefix and fed the rest before a mask.
+  one LLMatcher moves forward, and jumps elsewhere restart from a copy of the nearest
+  checkpoint (every 16 tokens) and feed the rest before a mask.
 - ``copy``: a state holds its own LLMatcher, made by ``deep_copy`` of the parent's plus one
   ``consume_token``.
 

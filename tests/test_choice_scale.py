@@ -2,7 +2,7 @@
 ``from_module`` and the TensorFlow API list.
 
 The reference decodes every token's bytes and tests them against the string set, straight
-from the definition (design.md §2): token ``t`` is valid after text ``s`` iff ``s + t`` is a
+from the definition (docs/design.md §2): token ``t`` is valid after text ``s`` iff ``s + t`` is a
 prefix of some string, or (with terminators) ``s + t[:k]`` is a complete string and
 ``t[k]`` is a terminator for some ``k`` (then ``t`` finishes the sequence); EOS is valid
 (and finishing) iff ``s`` is complete and there are no terminators; special tokens never.
@@ -471,3 +471,60 @@ def test_a_failed_download_says_why(tmp_path, monkeypatch):
     assert "pip download" in str(info.value) and "--only-binary=:all:" in str(info.value)
     with pytest.raises(tfapi.TensorflowApiError, match="No matching distribution"):
         tfapi.tensorflow_api_names("0.0.1")  # not shipped: built, and the build fails
+
+
+# --- argument types and min_new_tokens ----------------------------------------------------
+
+
+def test_choice_takes_a_list_of_strings():
+    with pytest.raises(TypeError, match=r"single string 'ab': pass \['ab'\]"):
+        at.constraints.choice("ab")
+    with pytest.raises(TypeError, match=r"got 1 \(int\) among them"):
+        at.constraints.choice([1, 2])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"got None \(NoneType\)"):
+        at.constraints.choice(["a", None])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="choice needs at least one string"):
+        at.constraints.choice([])
+    with pytest.raises(TypeError, match="list of strings, got int"):
+        at.constraints.choice(5)  # type: ignore[arg-type]
+    assert at.constraints.choice(iter(["b", b"a"])).strings == [b"a", b"b"]
+    with pytest.raises(TypeError, match=r"single string 'norm': pass \['norm'\]"):
+        api_names("norm")
+    with pytest.raises(TypeError, match=r"API names must be strings, got 3 \(int\)"):
+        api_names(["a", 3])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="api_names needs at least one name"):
+        api_names([])
+
+
+def shortest_complete(m, max_len: int) -> int | None:
+    """Breadth first over the matcher's states: the fewest tokens of a complete sequence."""
+    layer, seen, depth = {m.start()}, {m.start()}, 0
+    while layer and depth < max_len:
+        depth += 1
+        if any(len(m.finishing(s)) for s in layer):
+            return depth
+        nxt = {m.advance(s, t) for s in layer for t in m.allowed(s).tolist()}
+        layer = {s for s in nxt if s is not None and s is not DONE} - seen
+        seen |= layer
+    return None
+
+
+@pytest.mark.parametrize("term", list(TERMINATOR_SETS))
+@pytest.mark.parametrize("seed", range(6))
+def test_min_new_tokens_is_the_fewest_tokens_of_a_complete_sequence(seed, term):
+    rng = random.Random(f"min-{seed}-{term}")
+    for _ in range(4):
+        names = random_names(rng, rng.choice([1, 2, 5, 20]), unicode=seed % 2 == 1)
+        vocab = random_vocab(rng, rng.choice([40, 120]))
+        c = api_names(names, prefix=rng.choice([".", ""]), terminators=TERMINATOR_SETS[term])
+        m = c.bind(vocab)
+        want = shortest_complete(m, 64)
+        assert want is not None
+        assert m.min_new_tokens() == want, (names, want)
+
+
+def test_min_new_tokens_when_nothing_finishes():
+    vocab = Vocabulary([b"a", b"b"])  # no EOS: a choice without terminators cannot end
+    assert at.constraints.choice(["ab"]).bind(vocab).min_new_tokens() > 10**9
+    assert at.constraints.choice(["ab"], terminators="c").bind(vocab).min_new_tokens() > 10**9
+    assert at.constraints.choice(["a"], terminators="b").bind(vocab).min_new_tokens() == 2

@@ -1,4 +1,4 @@
-"""Grammar constraints through llguidance (constraints/grammar.py, design.md §2).
+"""Grammar constraints through llguidance (constraints/grammar.py, docs/design.md §2).
 
 Masks are checked against llguidance's own token checks and against brute force over the
 decoded text; the binary problem as a grammar must give the choice version's distribution.
@@ -27,6 +27,7 @@ from adaptrack.constraints.grammar import (
     ll_vocab,
     regex,
 )
+from adaptrack.errors import GrammarError
 from adaptrack.testing import hashed_weights
 
 # Multi-byte tokens that span lexemes ('{"', '":', '",', '1,', '[1'); two EOS ids, one other
@@ -84,7 +85,7 @@ def check_against_llguidance(m: GrammarMatcher, state: tuple, ref: LLMatcher) ->
     assert set(m.finishing(state).tolist()) == (set(vocab.eos_ids.tolist()) if accepting
                                                 else set())
     if ref.is_stopped():
-        assert allowed == set(vocab.eos_ids.tolist())  # design.md §2: EOS only
+        assert allowed == set(vocab.eos_ids.tolist())  # docs/design.md §2: EOS only
 
 
 @pytest.mark.parametrize("grammar", [
@@ -182,7 +183,7 @@ def test_every_method_returns_valid_json():
             if method == "unconstrained":
                 continue
             if method == "cd" and not s.complete:
-                continue  # design.md §2: CD may run out of tokens
+                continue  # docs/design.md §2: CD may run out of tokens
             assert s.complete and s.valid, (method, s)
             assert set(json.loads(s.text)) == {"a"}
             assert c.bind(lm.vocab).accepts(s.tokens)
@@ -255,6 +256,8 @@ def test_forced_bytes_and_masks_not_shrunk_by_forcing():
 
 
 def test_invalid_grammars_raise_value_error_at_construction():
+    with pytest.raises(GrammarError, match=r"(?s)invalid regex: .*unclosed group"):
+        regex("a(b")
     with pytest.raises(ValueError, match=r"(?s)invalid regex: .*unclosed group"):
         regex("a(b")
     with pytest.raises(ValueError, match=r"(?s)invalid JSON schema: .*objectx"):
@@ -289,7 +292,153 @@ def test_tokenizer_cached_per_vocabulary_and_stats():
     assert a.stats()["grammar_masks"] == 1
 
 
+def test_every_grammar_failure_is_a_grammar_error():
+    for bad in (lambda: regex("a(b"), lambda: json_schema({"type": "objectx"}),
+                lambda: json_schema("{not json"), lambda: json_schema([1]),
+                lambda: lark("start: foo"), lambda: gbnf('root ::= "a')):
+        with pytest.raises(GrammarError, match=r"invalid (regex|JSON schema|Lark|GBNF)"):
+            bad()
+    assert issubclass(GrammarError, ValueError)
+    with pytest.raises(TypeError, match="regex needs a pattern string, got int"):
+        regex(5)  # type: ignore[arg-type]
+    # llguidance's lexer limit ("too many expressions constructed") is a GrammarError too.
+    vocab = at.Vocabulary([b"a" * 250, b"b", None], eos_ids=[2])
+    m = regex("a{9999999}|b").bind(vocab)
+    with pytest.raises(GrammarError, match=r"llguidance failed on this regex: .*limits"):
+        for n in range(2000):
+            m.allowed((0,) * n)
+    assert m.allowed(m.start()).tolist() == [0, 1]  # the next masks still work
+
+
+# Issue 16: a long-lived llguidance matcher moved by ``rollback`` returned masks of the text
+# rolled back (its parser's mask cache outlived the rows it was keyed by).
+ISSUE_SCHEMA = {"type": "object",
+                "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name", "age"], "additionalProperties": False}
+SMALL_JSON = [bytes([c]) for c in b'{}":, nameg12-x'] + [
+    b'{"', b'":', b'",', b"name", b"age", b'"age', b'": ', b' "', b"1}", b"12", None]
+
+
+@pytest.mark.parametrize("grammar", [
+    json_schema(ISSUE_SCHEMA),
+    regex(r"(ab|ba)+(1|12)?|-?[0-9]{1,3}(\.[0-9]+)?"),
+    lark(LARK),
+], ids=["json_schema", "regex", "lark"])
+def test_masks_equal_a_fresh_matchers_along_walks_with_jumps_and_evictions(grammar):
+    small = grammar.kind == "JSON schema"
+    vocab = at.Vocabulary(SMALL_JSON, eos_ids=[len(SMALL_JSON) - 1]) if small else toy_vocab()
+    longest, root = 0, reference(GrammarMatcher(grammar, vocab))
+    for seed in range(16):
+        # A one-mask cache and few checkpoints: nearly every step recomputes after a jump.
+        m = GrammarMatcher(grammar, vocab, cache_bytes=1, checkpoints=2)
+        rng = random.Random(seed)
+        made = [m.start()]
+        for _ in range(120):
+            state = made[rng.randrange(len(made))] if rng.random() < 0.4 else made[-1]
+            fresh = root.deep_copy()  # a copy of an unused matcher is a fresh one
+            assert fresh.consume_tokens(list(state))
+            want = m._compute(fresh)
+            got = m._mask(state)
+            assert np.array_equal(got[0], want[0]) and got[1] == want[1], (seed, state)
+            text = [t for t in m.allowed(state).tolist() if not vocab.is_eos(t)]
+            if text:
+                made.append(m.advance(state, rng.choice(text)))
+        longest = max(longest, *(len(s) for s in made))
+    assert longest > 16  # past a checkpoint
+
+
+def test_forced_bytes_limit_bounds_the_walk():
+    vocab = at.Vocabulary([b"a", b"aa", b"b", None], eos_ids=[3])
+    m = regex("a{99999999}|b").bind(vocab)
+    s = m.advance(m.start(), 1)
+    assert m.forced_bytes(s, limit=7) == b"a" * 7
+    assert m.forced_bytes(m.advance(s, 1), limit=3) == b"aaa"
+    assert m.forced_bytes(s, limit=0) == b""
+    assert m.stats()["grammar_masks"] < 20  # walked 7 + 3 bytes, not 99 999 998
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        m.forced_bytes(s, limit=-1)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 40])
+def test_forced_bytes_with_a_limit_are_llguidances_cut(limit):
+    # Walks of the forced bytes (one-byte tokens, masks) agree with llguidance's forcing,
+    # also where a one-byte token is missing ('"' ':' in JSON_TOKENS: llguidance finishes).
+    for grammar, vocab in [(json_schema(SCHEMA), toy_vocab()),
+                           (json_schema(ISSUE_SCHEMA),
+                            at.Vocabulary(SMALL_JSON, eos_ids=[len(SMALL_JSON) - 1])),
+                           (json_schema({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}),
+                            toy_vocab())]:
+        m, plain = grammar.bind(vocab), grammar.bind(vocab)
+        rng = random.Random(limit)
+        state, seen = m.start(), 0
+        for _ in range(40):
+            want = plain.forced_bytes(state)
+            assert m.forced_bytes(state, limit=limit) == want[:limit], (state, want)
+            assert m.forced_bytes(state) == want
+            seen += bool(want)
+            text = [t for t in m.allowed(state).tolist() if not vocab.is_eos(t)]
+            if not text:
+                state = m.start()
+                continue
+            state = m.advance(state, rng.choice(text))
+        assert seen >= 3
+
+
+def _shortest_complete(m, max_len: int) -> int | None:
+    """Breadth-first: the fewest tokens (EOS included) of a complete sequence, or None."""
+    frontier, depth = [m.start()], 0
+    while frontier and depth < max_len:
+        depth += 1
+        nxt = []
+        for state in frontier:
+            if len(m.finishing(state)):
+                return depth
+            nxt.extend(m.advance(state, t) for t in m.allowed(state).tolist())
+        frontier = [s for s in nxt if s is not None and s is not DONE]
+    return None
+
+
+def test_regex_min_new_tokens_is_a_lower_bound_on_random_patterns():
+    vocab = at.Vocabulary([b"a", b"b", b"c", b"ab", b"ba", b"aaa", b"bcb", b"1", b"a1",
+                           None], eos_ids=[9])
+    atoms = ["a", "b", "c", "[ab]", "[a-c]", "1", "(ab|c)", "(a|bc)", ".", "[^a]"]
+    rng = random.Random(0)
+    checked = exact = 0
+    for _ in range(60):
+        parts = []
+        for _ in range(rng.randint(1, 4)):
+            atom = rng.choice(atoms)
+            parts.append(atom + rng.choice(["", "", "?", "*", "+", "{2}", "{1,3}", "{3}"]))
+        pattern = "".join(parts)
+        m = regex(pattern).bind(vocab)
+        bound = m.min_new_tokens()
+        shortest = _shortest_complete(m, 12)
+        assert bound >= 1
+        if shortest is not None:
+            assert bound <= shortest, (pattern, bound, shortest)
+            checked += 1
+            exact += bound == shortest
+    assert checked > 40 and exact > 10
+
+
+def test_min_new_tokens_syntax_it_cannot_read_gives_one():
+    vocab = toy_vocab()
+    for pattern in ["[[:alpha:]]{5}", "[a[bc]]{9}", "a{2, 5}", r"\pL{9}", "x{5}(?i)y",
+                    "[a-c--b]{4}"]:
+        assert regex(pattern).bind(vocab).min_new_tokens() == 1, pattern
+    assert lark('start: "aaaaaaaa"').bind(vocab).min_new_tokens() == 1
+    assert regex("x{5}").bind(vocab).min_new_tokens() == 6  # only "x" spells x
+    assert regex("zz").bind(vocab).min_new_tokens() > 10**9  # no token holds a z
+
+
 # --- the default model's vocabulary (49 152 tokens) --------------------------------------
+
+
+def test_default_vocabulary_min_new_tokens(default_vocab):
+    # Issue 16's example: 100 bytes of a and b need more than 8 tokens of SmolLM2's.
+    m = regex("[ab]{100}").bind(default_vocab)
+    assert 8 < m.min_new_tokens() <= 101
+    assert regex("[0-9]{3}").bind(default_vocab).min_new_tokens() == 4  # digits: 1 a token
 
 
 def test_default_vocabulary_masks(default_vocab):

@@ -11,7 +11,8 @@ import pytest
 
 import adaptrack as at
 from adaptrack.constraints import all_of, anything, choice, predicate
-from adaptrack.sampling.tree import checked_nucleus, nucleus
+from adaptrack.errors import SearchTimeoutError
+from adaptrack.sampling.topp import checked_nucleus, nucleus
 from adaptrack.testing import PROBLEMS, api_names, hashed_weights
 
 METHODS = ["cd", "asap", "adaptrack", "exact"]
@@ -201,3 +202,37 @@ def test_all_of_forced_bytes_and_errors() -> None:
         all_of()
     with pytest.raises(TypeError, match="takes constraints"):
         all_of("abc")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("answer", ["no", None, 1, [], np.array([True])])
+def test_a_check_must_return_a_bool(answer) -> None:
+    lm = at.TableLM([b"a", b"<eos>"], lambda p: [1, 1], eos=1)
+    for c in (predicate(lambda t: answer, lambda t: True),
+              predicate(lambda t: True, lambda t: answer)):
+        with pytest.raises(TypeError, match=r"must return a bool, got .*\(\w+\) for '"):
+            at.generate(lm, [], c, method="exact", max_new_tokens=2)
+    with pytest.raises(TypeError, match=r"prefix_ok \(.*<lambda>\) must return a bool"):
+        at.generate(lm, [], predicate(lambda t: "no", lambda t: True), method="cd", seed=0)
+
+
+def test_numpy_bools_are_answers() -> None:
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda p: [1, 1, 1], eos=2)
+    c = predicate(lambda t: np.bool_("b" not in t), lambda t: np.bool_(t == "aa"))
+    assert list(at.exact_distribution(lm, [], c, max_new_tokens=3)) == [(0, 0, 2)]
+
+
+def test_a_check_that_always_times_out_stops_after_max_timeouts() -> None:
+    lm = at.TableLM([bytes([c]) for c in b"abcdefgh"] + [b"<eos>"], lambda p: [1] * 9, eos=8)
+
+    def hang(text: str) -> bool:
+        while True:
+            pass
+
+    started = time.perf_counter()
+    with pytest.raises(SearchTimeoutError, match=r"timed out 3 times at timeout=0.01 s.*"
+                                                  r"max_timeouts=None"):
+        at.generate(lm, [], predicate(hang, hang, timeout=0.01, max_timeouts=3),
+                    method="adaptrack", seed=0, max_new_tokens=4)
+    assert time.perf_counter() - started < 20
+    with pytest.raises(ValueError, match="max_timeouts must be an int >= 1 or None, got 0"):
+        predicate(hang, hang, max_timeouts=0)

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
 
 from . import constraints
 from .lm.table import TableLM
+from .tokenization.vocab import Vocabulary
 
 Problem = tuple[TableLM, constraints.Choice, int]
 
@@ -79,3 +84,124 @@ def length_bound() -> Problem:
 
 PROBLEMS = {"binary": binary, "no_ab": no_ab, "api_names": api_names,
             "length_bound": length_bound}
+
+
+# --- the matcher contract ------------------------------------------------------------------
+
+
+def assert_contract(
+    constraint: constraints.Constraint | constraints.Matcher,
+    vocab: Vocabulary,
+    *,
+    walks: int = 8,
+    steps: int = 12,
+    seed: int = 0,
+    sample: int = 512,
+) -> None:
+    """Check the rules every matcher must keep (docs/design.md §4) along random walks, and
+    raise ``AssertionError`` naming the rule, the state and the token that break one.
+
+    The rules: ``allowed`` and ``finishing`` are sorted unique int ids of the vocabulary;
+    ``finishing`` ⊆ ``allowed``; ``advance`` is not ``None`` exactly on ``allowed`` for an
+    eager matcher (only inside it for a lazy one); ``advance`` of a finishing token is
+    complete; ``forced_bytes`` is a prefix of every valid continuation's bytes (empty
+    where EOS is valid), and with ``limit=k`` its first ``k`` bytes; ``min_new_tokens`` is
+    an int >= 1 and no walk completes in fewer tokens. On vocabularies larger than
+    ``sample`` ids, ``advance`` is tried on ``sample`` random ids plus up to ``sample``
+    allowed ones per state.
+
+    >>> from adaptrack import constraints
+    >>> from adaptrack.tokenization.vocab import Vocabulary
+    >>> vocab = Vocabulary([b"a", b"b", b"ab", b"<eos>"], eos_ids=[3])
+    >>> assert_contract(constraints.regex("(ab)+"), vocab)
+    >>> class Sloppy(constraints.Constraint):   # claims "b" is valid but rejects it
+    ...     def bind(self, vocab):
+    ...         m = constraints.regex("(ab)+").bind(vocab)
+    ...         m.allowed = lambda state: np.array([0, 1, 2])
+    ...         return m
+    >>> assert_contract(Sloppy(), vocab)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    AssertionError: matcher contract, rule 'advance is not None exactly on allowed' ...
+    """
+    m = constraint.bind(vocab) if isinstance(constraint, constraints.Constraint) else constraint
+    rng = random.Random(seed)
+    bound = m.min_new_tokens()
+    _rule(isinstance(bound, int | np.integer) and bound >= 1,
+          "min_new_tokens is an int >= 1", m.start(), None, f"got {bound!r}")
+    ids = np.arange(vocab.size)
+    for _ in range(walks):
+        state, text, depth = m.start(), b"", 0
+        for _ in range(steps):
+            allowed, finishing = _checked_ids(m, state, text, vocab)
+            fin = set(finishing.tolist())
+            _rule(fin <= set(allowed.tolist()), "finishing is a subset of allowed", state, text,
+                  f"finishing {sorted(fin - set(allowed.tolist()))[:5]} not allowed")
+            tried = ids if vocab.size <= sample else np.union1d(
+                rng.sample(range(vocab.size), sample),
+                allowed[rng.sample(range(len(allowed)), min(sample, len(allowed)))])
+            allowed_set = set(allowed.tolist())
+            forced = bytes(m.forced_bytes(state))
+            for k in (0, 1, 3):
+                cut = bytes(m.forced_bytes(state, limit=k))
+                _rule(cut == forced[:k], "forced_bytes(limit=k) is the first k forced bytes",
+                      state, text, f"limit={k}: {cut!r}, forced {forced!r}")
+            nexts = []
+            for tok in tried.tolist():
+                nxt = m.advance(state, tok)
+                where = (state, text, tok, vocab)
+                if m.lazy:
+                    _rule(nxt is None or tok in allowed_set, "advance is None outside allowed",
+                          *where)
+                else:
+                    _rule((nxt is not None) == (tok in allowed_set),
+                          "advance is not None exactly on allowed", *where)
+                if nxt is None:
+                    continue
+                if tok in fin:
+                    _rule(m.is_complete(nxt), "advance of a finishing token is complete",
+                          *where)
+                    _rule(depth + 1 >= bound, "no complete sequence is shorter than "
+                          f"min_new_tokens ({bound})", *where)
+                if vocab.is_eos(tok):
+                    _rule(not forced, "forced_bytes is empty where EOS is valid", *where,
+                          f"forced {forced!r}")
+                elif not m.is_complete(nxt):
+                    data = vocab.bytes_of(tok)
+                    _rule(data[:len(forced)] == forced[:len(data)],
+                          "forced_bytes is a prefix of every valid continuation", *where,
+                          f"forced {forced!r}")
+                    nexts.append((tok, nxt))
+            if not nexts:
+                break
+            tok, state = rng.choice(nexts)
+            text, depth = text + vocab.bytes_of(tok), depth + 1
+
+
+def _checked_ids(m: constraints.Matcher, state: Any, text: bytes,
+                 vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
+    out = []
+    for name in ("allowed", "finishing"):
+        got = getattr(m, name)(state)
+        rule = f"{name} is sorted unique int ids"
+        _rule(isinstance(got, np.ndarray) and got.ndim == 1
+              and np.issubdtype(got.dtype, np.integer), rule, state, text, f"got {got!r}"[:200])
+        _rule(bool((np.diff(got) > 0).all()), rule, state, text, f"got {got[:20].tolist()}")
+        _rule(not len(got) or (got[0] >= 0 and got[-1] < vocab.size), rule, state, text,
+              f"ids outside 0..{vocab.size - 1}")
+        out.append(got)
+    return out[0], out[1]
+
+
+def _rule(ok: bool, rule: str, state: Any, text: bytes | None, token: Any = None,
+          vocab: Vocabulary | None = None, detail: str = "") -> None:
+    if ok:
+        return
+    if isinstance(token, str) and vocab is None:
+        token, detail = None, token
+    where = f"state {state!r}" + (f" (text {text!r})" if text is not None else "")
+    if token is not None:
+        data = vocab.bytes_of(token) if vocab is not None else None
+        where += f", token {token} ({data!r})"
+    raise AssertionError(f"matcher contract, rule {rule!r} broken at {where}"
+                         + (f": {detail}" if detail else ""))

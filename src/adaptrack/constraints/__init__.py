@@ -1,4 +1,4 @@
-"""Constraints: what text is valid (design.md §4). Every method takes any of them."""
+"""Constraints: what text is valid (docs/design.md §4). Every method takes any of them."""
 
 from .api import API_TERMINATORS, ApiNames, api_names, from_module
 from .base import DONE, Anything, Constraint, Matcher, State

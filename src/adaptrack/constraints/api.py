@@ -50,7 +50,7 @@ def check_name(name: str) -> str:
     ValueError: 'linalg..norm' is not a dotted Python name: part 2 ('') is not an identifier
     """
     if not isinstance(name, str):
-        raise ValueError(f"API names must be strings, got {name!r}")
+        raise TypeError(f"API names must be strings, got {name!r} ({type(name).__name__})")
     if not name:
         raise ValueError("API names must not be empty")
     for i, part in enumerate(name.split("."), 1):
@@ -90,7 +90,12 @@ def api_names(
     ...
     ValueError: '2d' is not a dotted Python name: part 1 ('2d') is not an identifier
     """
+    if isinstance(names, str | bytes):
+        raise TypeError(f"api_names takes a list of names, got the single string {names!r}: "
+                        f"pass [{names!r}]")
     checked = [check_name(n) for n in names]
+    if not checked:
+        raise ValueError("api_names needs at least one name, got none")
     return Choice([prefix + n for n in checked], terminator_bytes(terminators))
 
 

@@ -76,9 +76,16 @@ class Matcher(ABC):
     def is_complete(self, state: State) -> bool:
         return state is DONE
 
-    def forced_bytes(self, state: State) -> bytes:
-        """Bytes every valid continuation starts with (fast-forward uses them)."""
+    def forced_bytes(self, state: State, limit: int | None = None) -> bytes:
+        """Bytes every valid continuation starts with (fast-forward uses them), at most
+        ``limit`` of them (a caller that can use only so many need not pay for more)."""
         return b""
+
+    def min_new_tokens(self) -> int:
+        """A lower bound on the number of tokens (EOS or the terminator's token included) of
+        any complete sequence from :meth:`start`; ``generate`` refuses a ``max_new_tokens``
+        below it up front (docs/design.md §6). 1 knows nothing."""
+        return 1
 
     def stats(self) -> dict[str, float]:
         """Counters ``generate`` adds to its stats (checks made, timeouts, …)."""

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import cast
 
 import numpy as np
 
+from ..cache import LRU
 from ..tokenization.vocab import Vocabulary, trie_insert
 from .base import DONE, Constraint, Matcher, State, terminator_bytes
 
@@ -31,7 +31,9 @@ class Choice(Constraint):
         strings: Iterable[str | bytes],
         terminators: str | bytes | Iterable[str] | None = None,
     ) -> None:
-        self.strings = sorted({s.encode() if isinstance(s, str) else bytes(s) for s in strings})
+        self.strings = sorted(set(_as_bytes(strings)))
+        if not self.strings:
+            raise ValueError("choice needs at least one string, got none")
         self.terminators = terminator_bytes(terminators)
         for s in self.strings:
             clash = set(s) & set(self.terminators)
@@ -54,8 +56,38 @@ class Choice(Constraint):
 def choice(
     strings: Iterable[str | bytes], terminators: str | bytes | Iterable[str] | None = None
 ) -> Choice:
-    """The constraint "the output is one of ``strings``" (see :class:`Choice`)."""
+    """The constraint "the output is one of ``strings``" (see :class:`Choice`).
+
+    >>> choice(["yes", "no"]).strings
+    [b'no', b'yes']
+    >>> choice("yes")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: choice takes a list of strings, got the single string 'yes': pass ['yes'] ...
+    """
     return Choice(strings, terminators)
+
+
+def _as_bytes(strings: Iterable[str | bytes], what: str = "choice") -> list[bytes]:
+    """``strings`` as byte strings; a single string or a non-string item is a TypeError."""
+    if isinstance(strings, str | bytes | bytearray):
+        raise TypeError(
+            f"{what} takes a list of strings, got the single string {strings!r}: pass "
+            f"[{strings!r}] for that string, or list({strings!r}) for its characters")
+    try:
+        items = list(strings)
+    except TypeError:
+        raise TypeError(f"{what} takes a list of strings, got {type(strings).__name__}") from None
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item.encode())
+        elif isinstance(item, bytes | bytearray):
+            out.append(bytes(item))
+        else:
+            raise TypeError(f"{what} takes strings (str or bytes), got {item!r} "
+                            f"({type(item).__name__}) among them")
+    return out
 
 
 class _VocabTables:
@@ -76,6 +108,9 @@ class _VocabTables:
         self.order = trie.order
         self.children = trie.children
         self.size = vocab.size
+        # EOS ids that have bytes sit in the token trie, but they are never text.
+        self.eos_in_trie = np.asarray(
+            [e for e in vocab.eos_ids.tolist() if vocab.bytes_of(e)], dtype=np.int64)
         # Tokens whose first byte is a terminator, per terminator set: (sorted ids, bool mask).
         self.starting_with: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -88,6 +123,7 @@ class _VocabTables:
                 t = root.get(b)
                 if t is not None:
                     mask[self.order[self.lo[t]:self.hi[t]]] = True
+            mask[self.eos_in_trie] = False
             ids = np.flatnonzero(mask)
             ids.flags.writeable = False
             found = self.starting_with[terminators] = (ids, mask)
@@ -135,8 +171,9 @@ class ChoiceMatcher(Matcher):
         self._is_term = [False] * 256
         for b in self.terminators:
             self._is_term[b] = True
-        self._masks: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self._cache_bytes, self._cached_bytes = cache_bytes, 0
+        self._masks: LRU[int, tuple[np.ndarray, np.ndarray]] = LRU(
+            cache_bytes, size=lambda v: v[0].nbytes + v[1].nbytes, keep_one=True)
+        self._min_tokens: int | None = None
 
     def start(self) -> State:
         return 0
@@ -144,14 +181,9 @@ class ChoiceMatcher(Matcher):
     def _mask(self, node: int) -> tuple[np.ndarray, np.ndarray]:
         cached = self._masks.get(node)
         if cached is not None:
-            self._masks.move_to_end(node)
             return cached
         result = self._compute(node)
-        self._masks[node] = result
-        self._cached_bytes += result[0].nbytes + result[1].nbytes
-        while self._cached_bytes > self._cache_bytes and len(self._masks) > 1:
-            _, (a, f) = self._masks.popitem(last=False)
-            self._cached_bytes -= a.nbytes + f.nbytes
+        self._masks.put(node, result)
         return result
 
     def _compute(self, node: int) -> tuple[np.ndarray, np.ndarray]:
@@ -198,6 +230,9 @@ class ChoiceMatcher(Matcher):
         valid = _gather(tab.order, starts, stops)
         valid = np.sort(valid) if len(valid) > 1 else valid
         finishing = np.sort(ends) if len(ends) > 1 else ends
+        if len(tab.eos_in_trie):
+            valid = valid[~np.isin(valid, tab.eos_in_trie)]
+            finishing = finishing[~np.isin(finishing, tab.eos_in_trie)]
         if accepting[node]:
             if self.terminators:
                 ids, mask = tab.tokens_starting_with(self.terminators)
@@ -236,14 +271,73 @@ class ChoiceMatcher(Matcher):
                 return None
         return node
 
-    def forced_bytes(self, state: State) -> bytes:
+    def forced_bytes(self, state: State, limit: int | None = None) -> bytes:
         if state is DONE:
             return b""
         node, c, out = cast(int, state), self.c, bytearray()
-        while len(c.children[node]) == 1 and not c.accepting[node]:
+        while (len(c.children[node]) == 1 and not c.accepting[node]
+               and (limit is None or len(out) < limit)):
             (b, node), = c.children[node].items()
             out.append(b)
         return bytes(out)
+
+
+    def min_new_tokens(self) -> int:
+        """The fewest tokens of a complete sequence, exactly: breadth first over string-trie
+        nodes, a layer per token, until a node has a finishing token.
+
+        >>> from adaptrack import TableLM
+        >>> lm = TableLM([b"ab", b"a", b"b", b"c", b"<e>"], lambda p: [1] * 5, eos=4)
+        >>> choice(["abab", "cccc"]).bind(lm.vocab).min_new_tokens()  # ab ab <e>
+        3
+        """
+        if self._min_tokens is None:
+            self._min_tokens = self._fewest_tokens()
+        return self._min_tokens
+
+    def _fewest_tokens(self) -> int:
+        layer, seen, depth = {0}, {0}, 0
+        while layer:
+            depth += 1
+            nxt: set[int] = set()
+            for node in layer:
+                valid, finishing = self._walk(node)
+                if finishing:
+                    return depth
+                nxt.update(valid)
+            layer = nxt - seen
+            seen |= layer
+        return _UNREACHABLE
+
+    def _walk(self, node: int) -> tuple[list[int], bool]:
+        """The string-trie nodes one token leads to from ``node``, and whether a token
+        finishes there (the joint walk of :meth:`_compute`, without the id lists)."""
+        c, tab, is_term = self.c, self._t, self._is_term
+        schildren, accepting, tchildren, nend = c.children, c.accepting, tab.children, tab.nend
+        if accepting[node]:
+            if not self.terminators and len(self.vocab.eos_ids):
+                return [], True
+            if self.terminators and any(is_term[b] for b in tchildren[0]):
+                return [], True
+        out: list[int] = []
+        stack = [(node, 0)]
+        while stack:
+            s, t = stack.pop()
+            for b, s_next in schildren[s].items():
+                t_next = tchildren[t].get(b)
+                if t_next is None:
+                    continue
+                if nend[t_next]:
+                    out.append(s_next)
+                if tchildren[t_next]:
+                    stack.append((s_next, t_next))
+            if t and accepting[s] and any(is_term[b] for b in tchildren[t]):
+                return out, True
+        return out, False
+
+
+#: ``min_new_tokens`` of a language no token sequence reaches (larger than any budget).
+_UNREACHABLE = 1 << 62
 
 
 def _merge(ids: np.ndarray, mask: np.ndarray, extra: np.ndarray) -> np.ndarray:

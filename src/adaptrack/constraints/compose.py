@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from functools import reduce
@@ -36,6 +37,19 @@ class AllOf(Constraint):
 
     def bind(self, vocab: Vocabulary) -> Matcher:
         return AllOfMatcher([part.bind(vocab) for part in self.parts], vocab)
+
+
+def _forced(m: Matcher, state: State, limit: int | None) -> bytes:
+    """``m.forced_bytes(state, limit)``, also for a matcher written without ``limit``."""
+    if limit is None:
+        return bytes(m.forced_bytes(state))
+    try:
+        params = inspect.signature(m.forced_bytes).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    if "limit" in params:
+        return bytes(m.forced_bytes(state, limit=limit))[:limit]
+    return bytes(m.forced_bytes(state))[:limit]
 
 
 def all_of(*parts: Constraint) -> AllOf:
@@ -84,17 +98,21 @@ class AllOfMatcher(Matcher):
             return DONE
         return None if any(done) else tuple(after)
 
-    def forced_bytes(self, state: State) -> bytes:
+    def forced_bytes(self, state: State, limit: int | None = None) -> bytes:
         # Each part forces its bytes, so together they force the longer one when the two
         # agree; when they disagree no text is valid and the masks show it.
         forced = b""
         for m, s in zip(self.parts, state, strict=True):
-            f = m.forced_bytes(s)
+            f = _forced(m, s, limit)
             if f.startswith(forced):
                 forced = f
             elif not forced.startswith(f):
                 return b""
         return forced
+
+    def min_new_tokens(self) -> int:
+        # A complete sequence is complete for every part: at least as long as each needs.
+        return max(m.min_new_tokens() for m in self.parts)
 
     def stats(self) -> dict[str, float]:
         total: dict[str, float] = {}

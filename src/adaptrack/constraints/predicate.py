@@ -3,7 +3,7 @@
 This is the paper's oracle constrainer (§6.3): nothing is known about the language except
 two questions one can ask of a text. Such a matcher is *lazy*: ``allowed`` lists candidates
 only, and the prefix tree asks ``advance`` for each candidate in probability order until the
-validity-aware top-p cutoff (design.md §2) says the rest count as invalid. A check that runs
+validity-aware top-p cutoff (docs/design.md §2) says the rest count as invalid. A check that runs
 past ``timeout`` seconds counts the token invalid (the paper restarts after 60 s) and is
 recorded in ``stats()``.
 """
@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..errors import SearchTimeoutError
 from ..tokenization.vocab import Vocabulary
 from .base import DONE, Constraint, Matcher, State, terminator_bytes
 
@@ -41,7 +42,14 @@ class Predicate(Constraint):
     ``timeout`` (seconds, ``None``: no limit) bounds each call. In the main thread a check is
     interrupted when it runs over (SIGALRM, so pure-Python checks stop; a C call that does
     not return to Python cannot be cut short); elsewhere it runs to the end and counts as
-    timed out afterwards. A timed-out token is invalid for the rest of the run.
+    timed out afterwards. A timed-out token is invalid for the rest of the run. After
+    ``max_timeouts`` timed-out checks (default 10; ``None``: no limit) the matcher raises
+    :class:`~adaptrack.errors.SearchTimeoutError`: a check that always times out would
+    otherwise be asked about every token at every prefix.
+
+    Both callables must return a ``bool`` (a NumPy bool too); any other value raises
+    ``TypeError`` naming the callable, so that ``"no"`` or ``None`` is never taken as an
+    answer.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"1", b"2", b"+", b"<eos>"], lambda p: [1, 1, 1, 1], eos=3)
@@ -59,14 +67,20 @@ class Predicate(Constraint):
         *,
         terminators: str | bytes | Iterable[str] | None = None,
         timeout: float | None = 60.0,
+        max_timeouts: int | None = 10,
     ) -> None:
         if not callable(prefix_ok) or not callable(is_complete):
             raise TypeError("predicate needs two callables: prefix_ok(text) and is_complete(text)")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive seconds or None, got {timeout}")
+        if max_timeouts is not None and (isinstance(max_timeouts, bool)
+                                         or not isinstance(max_timeouts, int)
+                                         or max_timeouts < 1):
+            raise ValueError(f"max_timeouts must be an int >= 1 or None, got {max_timeouts!r}")
         self.prefix_ok, self.is_complete = prefix_ok, is_complete
         self.terminators = terminator_bytes(terminators)
         self.timeout = timeout
+        self.max_timeouts = max_timeouts
 
     def bind(self, vocab: Vocabulary) -> Matcher:
         return PredicateMatcher(self, vocab)
@@ -78,9 +92,18 @@ def predicate(
     *,
     terminators: str | bytes | Iterable[str] | None = None,
     timeout: float | None = 60.0,
+    max_timeouts: int | None = 10,
 ) -> Predicate:
     """The constraint decided by two Python callables on the text (see :class:`Predicate`)."""
-    return Predicate(prefix_ok, is_complete, terminators=terminators, timeout=timeout)
+    return Predicate(prefix_ok, is_complete, terminators=terminators, timeout=timeout,
+                     max_timeouts=max_timeouts)
+
+
+def _name(pred: Predicate, check: Check) -> str:
+    """``check``'s role and name for messages: ``prefix_ok (my_check)``."""
+    role = "prefix_ok" if check is pred.prefix_ok else "is_complete"
+    name = getattr(check, "__qualname__", None) or repr(check)
+    return f"{role} ({name})"
 
 
 def _decode(data: bytes) -> tuple[str, bool] | None:
@@ -195,17 +218,29 @@ class PredicateMatcher(Matcher):
                     signal.setitimer(signal.ITIMER_REAL, timeout)
                     self._armed = True
                     try:
-                        verdict = bool(check(text))
+                        verdict = check(text)
                     finally:
                         self._armed = False
                         signal.setitimer(signal.ITIMER_REAL, 0)
             else:
-                verdict = bool(check(text))
+                verdict = check(text)
                 if timeout is not None and time.perf_counter() - started > timeout:
                     raise CheckTimeout
         except CheckTimeout:
             self.timeouts += 1
             self._timed_out.add((state, token))
-            verdict = False
+            self.check_seconds += time.perf_counter() - started
+            limit = self.p.max_timeouts
+            if limit is not None and self.timeouts >= limit:
+                raise SearchTimeoutError(
+                    f"the predicate's checks timed out {self.timeouts} times at "
+                    f"timeout={timeout:g} s (last: {_name(self.p, check)} on "
+                    f"{text[-40:]!r}); make the check faster, raise timeout=, or pass "
+                    "max_timeouts=None to count "
+                    "timed-out tokens invalid without a limit") from None
+            return False
         self.check_seconds += time.perf_counter() - started
-        return verdict
+        if not isinstance(verdict, bool | np.bool_):
+            raise TypeError(f"the predicate's {_name(self.p, check)} must return a bool, got "
+                            f"{verdict!r} ({type(verdict).__name__}) for {text[-40:]!r}")
+        return bool(verdict)
