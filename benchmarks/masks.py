@@ -44,9 +44,9 @@ import adaptrack as at
 from adaptrack.constraints import api_names, json_schema, lark, predicate
 from adaptrack.constraints.api import API_TERMINATORS
 from adaptrack.constraints.grammar import ll_vocab
-from adaptrack.demo import FIGURE3_PROMPT
 from adaptrack.eval.tfapi import tensorflow_api_names
-from adaptrack.sampling.tree import checked_nucleus
+from adaptrack.eval.tfv1 import FIGURE3_PROMPT
+from adaptrack.sampling.topp import checked_nucleus
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
 JSON_LARK = r"""

@@ -1,4 +1,4 @@
-"""The bounded cache of next-token facts and the lockstep driver change costs, never samples."""
+"""The bounded cache of expansions and the lockstep driver change costs, never samples."""
 
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ import pytest
 from scipy.stats import chi2
 
 import adaptrack as at
-from adaptrack.sampling.tree import PrefixTree, QTable, nucleus
+from adaptrack.sampling.qtable import QTable
+from adaptrack.sampling.topp import nucleus
+from adaptrack.sampling.tree import PrefixTree
 from adaptrack.testing import PROBLEMS, hashed_weights
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from adaptrack.cli import main
 from adaptrack.constraints import DONE, Matcher, State, json_schema, regex
-from adaptrack.tokenization.fastforward import Tokenizer, forced_tokens
+from adaptrack.sampling.fastforward import forced_tokens
+from adaptrack.tokenization.tokenizer import Tokenizer
 from adaptrack.tokenization.vocab import Vocabulary
 
 LLAMA3 = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama3"  # ../shared
@@ -355,7 +356,7 @@ def maskbench_file(tmp_path: Path) -> Path:
 
 def test_bench_ff(tmp_path: Path, llama3: Tokenizer) -> None:
     pytest.importorskip("llguidance")
-    from adaptrack.bench import bench_ff
+    from adaptrack.eval.ffbench import bench_ff
 
     path = maskbench_file(tmp_path)
     r = bench_ff(path, LLAMA3, max_tokens=4)

@@ -11,7 +11,9 @@ from scipy.stats import chi2
 
 import adaptrack as at
 from adaptrack.constraints import choice, json_schema
-from adaptrack.sampling.tree import FastForward, PrefixTree, QTable
+from adaptrack.sampling.fastforward import FastForward
+from adaptrack.sampling.qtable import QTable
+from adaptrack.sampling.tree import PrefixTree
 from adaptrack.testing import hashed_weights
 
 # "xyzw" is forced at the start. Greedy (TableLM's canonical) tokens: "xyz" "w"; "w1" could
@@ -88,7 +90,7 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     assert tree.root.expansion.ids.tolist() == [xyz]
     assert q.q(tree.root) == pytest.approx(p_root[xyz], rel=1e-12)
     head = tree.child(tree.root, xyz)
-    assert head.forced and head.expansion is not None  # from the same call
+    assert head.in_chain and head.expansion is not None  # from the same call
     assert tree.lm_calls == 1 and tree.ff_sequences == 1
     q.open(head)
     assert q.q(tree.root) == pytest.approx(p_root[xyz] * head.expansion.p.sum(), rel=1e-12)

@@ -3,7 +3,8 @@
 Each example draws a byte-level vocabulary over ``b"abc"`` (single bytes, multi-byte tokens
 that may cross string boundaries, tokens holding the terminator ``b"("``), a random
 ``TableLM`` (weights from a hash of the prefix, some of them 0), a ``choice`` constraint
-(possibly empty, possibly with the empty string or strings that are prefixes of each other),
+(possibly with the empty string or strings that are prefixes of each other; ``choice([])``
+is refused when built),
 ``max_new_tokens``, ``temperature`` and ``top_p``. Everything is checked against a reference
 written here from the definitions (not from the library's matcher): which token sequences
 are valid, their text, their probability.
@@ -216,7 +217,7 @@ def problems(draw: st.DrawFn) -> Problem:
                      max_size=4),
             st.lists(st.text(alphabet=ALPHABET, min_size=2, max_size=5), min_size=2,
                      max_size=8),
-            st.lists(st.text(alphabet=ALPHABET, max_size=5), max_size=6),  # may be empty
+            st.lists(st.text(alphabet=ALPHABET, max_size=5), min_size=1, max_size=6),
         ))
     if draw(st.integers(0, 4)) == 0:
         strings.append("")

@@ -25,6 +25,7 @@ from adaptrack import (
     generate,
 )
 from adaptrack.constraints import choice
+from adaptrack.testing import PROBLEMS
 
 QUICK_S = 5.0  # "quickly": the calls below take milliseconds
 
@@ -51,7 +52,6 @@ def _empty_problems() -> list[tuple[str, list[bytes], at.constraints.Constraint,
     five = ["".join(p) for p in itertools.product("abc", repeat=5)]
     deep = ["".join(p) + "d" for p in itertools.product("abc", repeat=5)]
     return [
-        ("choice-of-nothing", ABC, choice([]), 8, False),
         ("first-byte-unspellable", ABC, choice(["dd", "da"]), 8, False),
         ("last-byte-unspellable", ABC_PAIRS, choice(["abd", "abcd"]), 8, True),
         ("terminator-unspellable", ABC, choice(["ab"], terminators="("), 8, True),
@@ -350,3 +350,318 @@ def test_choice_rejects_a_terminator_inside_a_string(strings, terminators) -> No
 def test_choice_accepts_terminators_outside_its_strings() -> None:
     c = choice(["ab", "a"], terminators=["(", " "])
     assert c.terminators == b" ("
+
+
+# ------------------------------------------- (e) refused up front, budgets, finished work kept
+
+
+def _counting(tokens: list[bytes], eos_weight: float = 1.0) -> TableLM:
+    lm = make_lm(tokens, eos_weight)
+    lm.calls = 0
+    return lm
+
+
+@pytest.mark.parametrize("method", ["asap", "adaptrack", "exact"])
+def test_a_language_empty_in_practice_is_refused_before_any_model_call(method) -> None:
+    """regex("[ab]{100}") with max_new_tokens=8: every prefix is valid but none can finish.
+    The searches used to open every prefix first (hours on a real model at ~15 prefixes/s);
+    the constraint's lower bound refuses it before the model is asked."""
+    lm = _counting([b"a", b"b"])
+    with pytest.raises(NoValidSequenceError, match=r"at least 101 tokens.*max_new_tokens=8"):
+        generate(lm, [], at.constraints.regex("[ab]{100}"), method=method, n=2,
+                 max_new_tokens=8, seed=0)
+    assert lm.calls == 0
+    with pytest.raises(NoValidSequenceError, match=r"at least 101 tokens.*max_new_tokens=8"):
+        exact_distribution(lm, [], at.constraints.regex("[ab]{100}"), max_new_tokens=8)
+    assert lm.calls == 0
+
+
+class _Bounded(at.constraints.Constraint):
+    """``inner`` with a given ``min_new_tokens`` (any constraint may declare one)."""
+
+    def __init__(self, inner: at.constraints.Constraint, bound: int) -> None:
+        self.inner, self.bound = inner, bound
+
+    def bind(self, vocab):
+        matcher = self.inner.bind(vocab)
+        matcher.min_new_tokens = lambda: self.bound
+        return matcher
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_lower_bound_is_asked_of_any_constraint(method) -> None:
+    lm = _counting([b"a", b"b"])
+    c = _Bounded(choice(["ab", "ba"]), 5)
+    if method in ("cd", "unconstrained"):  # they cannot loop: cd returns its dead end
+        assert len(generate(lm, [], c, method=method, n=2, max_new_tokens=4).samples) == 2
+        return
+    with pytest.raises(NoValidSequenceError, match=r"at least 5 tokens.*max_new_tokens=4"):
+        generate(lm, [], c, method=method, n=2, max_new_tokens=4)
+    assert lm.calls == 0
+    assert generate(lm, [], c, method=method, n=2, max_new_tokens=5, seed=0).samples[0].valid
+
+
+class _LimitRecorder(at.constraints.Constraint):
+    """``inner`` whose matcher records the ``limit`` each ``forced_bytes`` call gets (and,
+    with ``honour=False``, gives every forced byte whatever the limit)."""
+
+    def __init__(self, inner: at.constraints.Constraint, honour: bool = True) -> None:
+        self.inner, self.honour, self.limits = inner, honour, []
+
+    def bind(self, vocab):
+        matcher = self.inner.bind(vocab)
+        plain = matcher.forced_bytes
+
+        def forced_bytes(state, limit=None):
+            self.limits.append(limit)
+            data = plain(state)
+            return data[:limit] if self.honour and limit is not None else data
+
+        matcher.forced_bytes = forced_bytes
+        return matcher
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_forced_bytes_are_asked_only_as_far_as_the_length_limit_reaches(temperature) -> None:
+    """A forced string far longer than max_new_tokens (500 "a"s, 8 tokens of at most 2 bytes)
+    is asked for at most (8 + 4 held back) · 2 + 3 bytes, and the cut changes no sample."""
+    lm = make_lm([b"a", b"aa"])
+    limited, full = _LimitRecorder(choice(["a" * 500])), _LimitRecorder(choice(["a" * 500]),
+                                                                         honour=False)
+    runs = [generate(lm, [], c, method="cd", n=3, max_new_tokens=8, seed=0,
+                     temperature=temperature) for c in (limited, full)]
+    assert limited.limits and all(x is not None and x <= 27 for x in limited.limits)
+    assert [s.tokens for s in runs[0].samples] == [s.tokens for s in runs[1].samples]
+    assert runs[0].stats["lm_calls"] == runs[1].stats["lm_calls"]
+    assert all(not s.complete for s in runs[0].samples)
+
+
+def test_a_forced_string_of_a_hundred_million_bytes() -> None:
+    """regex("a{99999999}"): the grammar walks at most the limit (llguidance's own forcing
+    would compute all 99 999 999 bytes, then the tokenizer would split them)."""
+    lm = make_lm([b"a", b"aa"])
+    res = generate(lm, [], at.constraints.regex("a{99999999}"), method="cd", max_new_tokens=8,
+                   seed=0)
+    assert not res.samples[0].complete and set(res.samples[0].text) == {"a"}
+    assert res.stats["lm_calls"] <= 8
+
+
+class _SlowLM(TableLM):
+    """A TableLM whose every model call takes ``seconds``."""
+
+    def __init__(self, seconds: float, eos_weight: float = 1.0) -> None:
+        base = make_lm([b"a", b"b"], eos_weight)
+        super().__init__([b"a", b"b", b"<eos>"], base.next_probs, eos=2)
+        self.seconds = seconds
+
+    def _next_logprobs(self, prefixes):
+        time.sleep(self.seconds)
+        return super()._next_logprobs(prefixes)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_search_has_a_time_budget(method) -> None:
+    lm = _SlowLM(0.02, eos_weight=0.0 if method == "unconstrained" else 1.0)
+    with pytest.raises(at.SearchTimeoutError, match=r"max_seconds=0\.05 .*raise max_seconds"):
+        generate(lm, [], LONG, method=method, n=4, max_new_tokens=20, max_seconds=0.05, seed=0)
+    with pytest.raises(at.SearchTimeoutError, match=r"max_seconds=0\.05"):
+        exact_distribution(lm, [], LONG, max_new_tokens=11, max_seconds=0.05)
+
+
+def test_the_time_budget_defaults_to_ten_minutes_and_none_lifts_it() -> None:
+    import inspect
+
+    assert inspect.signature(generate).parameters["max_seconds"].default == at.MAX_SECONDS
+    assert at.MAX_SECONDS == 600
+    res = generate(make_lm([b"a", b"b"]), [], LONG, method="exact", max_new_tokens=11,
+                   max_seconds=None, seed=0)
+    assert res.samples[0].valid
+
+
+def test_opened_prefixes_are_bounded_in_bytes() -> None:
+    """AdapTrack with no constraint opens prefixes whose expansion spans the vocabulary
+    (49 152 × 8 bytes each on the default model); past max_opened_bytes it stops."""
+    width = 2000
+    lm = TableLM([f"t{i}".encode() for i in range(width)] + [b"<eos>"],
+                 lambda prefix: [1.0] * width + [0.01], eos=width)
+    with pytest.warns(at.FreeTextWarning):
+        with pytest.raises(TreeLimitError, match=r"max_opened_bytes=100000.*raise "
+                                                  r"max_opened_bytes"):
+            generate(lm, [], None, method="adaptrack", n=4, max_new_tokens=16, seed=0,
+                     max_opened_bytes=100_000)
+
+
+def test_a_mask_shared_by_every_prefix_is_counted_once() -> None:
+    from adaptrack.sampling import PrefixTree, QTable
+
+    width = 1000
+    # An empty token (no bytes, not EOS) is never valid: the mask is not the whole vocabulary.
+    lm = TableLM([f"t{i}".encode() for i in range(width)] + [b"<eos>", b""],
+                 lambda prefix: [1.0] * (width + 2), eos=width)
+    tree = PrefixTree(lm, [], at.constraints.Anything().bind(lm.vocab), max_new_tokens=8)
+    q, node = QTable(tree), tree.root
+    for _ in range(5):
+        q.open(node)
+        node = tree.child(node, 0)
+    valid = len(tree.root.expansion.ids)  # every token but the empty one
+    assert valid == width + 1
+    assert tree.opened_bytes == 5 * valid * 8 + valid * 8  # p per prefix, ids once
+
+
+@pytest.mark.parametrize("method", ["asap", "adaptrack", "exact"])
+def test_searches_for_free_text_warn_before_they_start(method) -> None:
+    lm = make_lm([b"a", b"b"])
+    with pytest.warns(at.FreeTextWarning, match=r"ends \(EOS\) within max_new_tokens=6.*"
+                                                r"method='unconstrained'"):
+        generate(lm, [], None, method=method, n=2, max_new_tokens=6, seed=0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_warning_with_a_constraint_or_for_free_text_methods(method) -> None:
+    import warnings
+
+    lm = make_lm([b"a", b"b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.FreeTextWarning)
+        generate(lm, [], AB, method=method, n=2, max_new_tokens=6, seed=0)
+        if method in ("cd", "unconstrained"):
+            generate(lm, [], None, method=method, n=2, max_new_tokens=6, seed=0)
+
+
+class _ShortContextLM(TableLM):
+    def __init__(self, context: int) -> None:
+        base = make_lm([b"a", b"b"])
+        super().__init__([b"a", b"b", b"<eos>"], base.next_probs, eos=2)
+        self.context_length = context
+        self.calls = 0
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_model_call() -> None:
+    lm = _ShortContextLM(10)
+    with pytest.raises(at.PromptTooLongError,
+                       match=r"8 tokens and max_new_tokens=4: 12 > _ShortContextLM's context "
+                             r"of 10 tokens.*truncate_prompt=True \(keeps the last 6"):
+        generate(lm, "ab" * 4, AB, max_new_tokens=4)
+    with pytest.raises(ValueError, match="context of 10"):
+        exact_distribution(lm, "ab" * 4, AB, max_new_tokens=4)
+    with pytest.raises(at.PromptTooLongError, match="lower max_new_tokens"):
+        generate(lm, [], AB, max_new_tokens=11, truncate_prompt=True)
+    assert lm.calls == 0
+    assert generate(lm, "ab" * 3, AB, max_new_tokens=4).samples  # 6 + 4 fits
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_truncate_prompt_keeps_the_end_of_the_prompt(method) -> None:
+    lm = _ShortContextLM(10)
+    prompt = [0, 1, 1, 0, 0, 1, 0, 1, 1]
+    cut = generate(lm, prompt, AB, method=method, n=5, max_new_tokens=4, seed=2,
+                   truncate_prompt=True)
+    assert cut.stats["prompt_tokens"] == 6
+    same = generate(lm, prompt[-6:], AB, method=method, n=5, max_new_tokens=4, seed=2)
+    assert [s.tokens for s in cut.samples] == [s.tokens for s in same.samples]
+
+
+def test_a_budget_that_runs_out_midway_keeps_the_finished_samples() -> None:
+    lm, constraint, max_new = PROBLEMS["api_names"]()
+    full = generate(lm, [], constraint, method="exact", n=30, seed=1, max_new_tokens=max_new)
+    nodes = int(full.stats["tree_nodes"])
+    partials = []
+    for max_nodes in range(2, nodes, max(1, nodes // 10)):
+        with pytest.raises(TreeLimitError) as info:
+            generate(lm, [], constraint, method="exact", n=30, seed=1, max_new_tokens=max_new,
+                     max_nodes=max_nodes)
+        partial = info.value.partial
+        assert partial.samples == full.samples[:len(partial.samples)]
+        assert partial.stats["tree_nodes"] == max_nodes
+        partials.append(len(partial.samples))
+    assert partials[0] == 0 and max(partials) > 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_model_failing_midway_keeps_the_finished_samples(method) -> None:
+    lm, constraint, max_new = PROBLEMS["no_ab"]()
+    calls_when_done: list[int] = []
+    full = generate(lm, [], constraint, method=method, n=20, seed=4, max_new_tokens=max_new,
+                    batch_size=1, on_sample=lambda s: calls_when_done.append(lm.calls))
+    # Fail on the first model call after some sample finished and before the last did.
+    fail_after = next(c for c in calls_when_done if 0 < c < calls_when_done[-1])
+    good, asked = lm.next_probs, []
+
+    def failing(prefix):
+        asked.append(prefix)
+        return good(prefix) if len(asked) <= fail_after else [0.0] * len(lm.vocab.token_bytes)
+
+    broken = TableLM(lm.vocab.token_bytes, failing, eos=lm.vocab.eos_ids.tolist())
+    with pytest.raises(ModelOutputError) as info:
+        generate(broken, [], constraint, method=method, n=20, seed=4, max_new_tokens=max_new,
+                 batch_size=1)
+    partial = info.value.partial
+    assert 0 < len(partial.samples) < 20
+    assert partial.samples == full.samples[:len(partial.samples)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"temperature": float("inf")}, ValueError, r"temperature must be >= 0 and finite"),
+        ({"temperature": float("nan")}, ValueError, r"temperature.*nan"),
+        ({"temperature": "1"}, TypeError, r"temperature must be a number, got '1'"),
+        ({"temperature": True}, TypeError, r"temperature must be a number, got True"),
+        ({"top_p": float("inf")}, ValueError, r"top_p must be in \(0, 1\], got inf"),
+        ({"top_p": float("nan")}, ValueError, r"top_p must be in \(0, 1\], got nan"),
+        ({"top_p": True}, TypeError, r"top_p must be a number"),
+        ({"n": True}, TypeError, r"n must be an int, got True"),
+        ({"n": 2.0}, TypeError, r"n must be an int, got 2\.0"),
+        ({"max_new_tokens": True}, TypeError, r"max_new_tokens must be an int, got True"),
+        ({"max_new_tokens": 4.5}, TypeError, r"max_new_tokens must be an int"),
+        ({"max_nodes": True}, TypeError, r"max_nodes must be an int"),
+        ({"max_nodes": float("inf")}, TypeError, r"max_nodes must be an int"),
+        ({"seed": True}, TypeError, r"seed must be an int, got True"),
+        ({"seed": -1}, ValueError, r"seed must be >= 0, got -1"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int"),
+        ({"batch_size": True}, TypeError, r"batch_size must be an int"),
+        ({"batch_size": 0}, ValueError, r"batch_size must be at least 1, got 0"),
+        ({"max_cache_bytes": True}, TypeError, r"max_cache_bytes must be an int"),
+        ({"max_opened_bytes": -1}, ValueError, r"max_opened_bytes must be >= 0, got -1"),
+        ({"max_opened_bytes": 1e9}, TypeError, r"max_opened_bytes must be an int"),
+        ({"max_backtrack": True}, TypeError, r"max_backtrack must be an int"),
+        ({"min_backtrack_prob": float("nan")}, ValueError, r"min_backtrack_prob"),
+        ({"min_backtrack_prob": True}, TypeError, r"min_backtrack_prob must be a number"),
+        ({"share_q": 1}, TypeError, r"share_q must be True or False, got 1"),
+        ({"truncate_prompt": "yes"}, TypeError, r"truncate_prompt must be True or False"),
+        ({"max_seconds": 0}, ValueError, r"max_seconds must be > 0 or None"),
+        ({"max_seconds": float("nan")}, ValueError, r"max_seconds must be > 0 or None"),
+        ({"max_seconds": True}, TypeError, r"max_seconds must be a number"),
+        ({"max_seconds": "10"}, TypeError, r"max_seconds must be a number"),
+        ({"fast_forward": 1}, TypeError, r"fast_forward must be True, False or FastForward"),
+        ({"method": None}, ValueError, r"unknown method None"),
+        ({"on_sample": 3}, TypeError, r"on_sample must be callable"),
+    ],
+)
+def test_numeric_keywords_are_checked_by_name(kwargs, error, pattern) -> None:
+    lm = _counting([b"a", b"b"])
+    with pytest.raises(error, match=pattern):
+        generate(lm, [], AB, **kwargs)
+    assert lm.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"temperature": float("inf")}, ValueError, "temperature"),
+        ({"top_p": float("nan")}, ValueError, "top_p"),
+        ({"max_new_tokens": True}, TypeError, "max_new_tokens must be an int"),
+        ({"max_nodes": True}, TypeError, "max_nodes must be an int"),
+        ({"max_seconds": -1.0}, ValueError, "max_seconds"),
+    ],
+)
+def test_exact_distribution_checks_its_numbers_by_name(kwargs, error, pattern) -> None:
+    with pytest.raises(error, match=pattern):
+        exact_distribution(TINY, [], AB, **kwargs)
+
+
+def test_prompt_ids_must_be_ints() -> None:
+    with pytest.raises(TypeError, match="prompt token ids must be ints, got True"):
+        generate(TINY, [True, 0], AB)
+    with pytest.raises(TypeError, match="prompt must be a str or a sequence"):
+        generate(TINY, b"ab", AB)

@@ -22,19 +22,29 @@ from .errors import (
     SearchTimeoutError,
     TreeLimitError,
 )
-from .generate import METHODS, GenerationResult, Sample, exact_distribution, generate
+from .generate import (
+    MAX_SECONDS,
+    METHODS,
+    FreeTextWarning,
+    GenerationResult,
+    Sample,
+    exact_distribution,
+    generate,
+)
 from .lm import LanguageModel, TableLM, load_model
-from .sampling.tree import FastForward
-from .tokenization.fastforward import Tokenizer
+from .sampling.fastforward import FastForward
+from .tokenization.tokenizer import Tokenizer
 from .tokenization.vocab import Vocabulary
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_SECONDS",
     "METHODS",
     "AdaptrackError",
     "BackendError",
     "FastForward",
+    "FreeTextWarning",
     "GenerationResult",
     "GrammarError",
     "LanguageModel",

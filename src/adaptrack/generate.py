@@ -1,13 +1,18 @@
-"""``generate`` and ``exact_distribution``: the public entry points (design.md §5)."""
+"""``generate`` and ``exact_distribution``: the public entry points (docs/design.md §5),
+with the argument checks and budgets of docs/design.md §6."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .constraints.base import Anything, Constraint, Matcher
-from .errors import NoValidSequenceError
+from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
 from .sampling.adaptrack import AdapTrack
 from .sampling.asap import ASAp
@@ -15,7 +20,8 @@ from .sampling.base import Method, run_walks
 from .sampling.cd import ConstrainedDecoding
 from .sampling.enumerate import enumerate_tree
 from .sampling.exact import Exact
-from .sampling.tree import FastForward, Node, PrefixTree
+from .sampling.fastforward import FastForward
+from .sampling.tree import Node, PrefixTree
 from .sampling.unconstrained import Unconstrained
 
 METHODS: dict[str, type[Method]] = {
@@ -25,6 +31,21 @@ METHODS: dict[str, type[Method]] = {
     "adaptrack": AdapTrack,
     "exact": Exact,
 }
+
+#: Methods that sample the target conditioned on ending within ``max_new_tokens``: without a
+#: constraint they search for free text that stops that early (docs/design.md §2, §6).
+SEARCHES = ("asap", "adaptrack", "exact")
+
+#: The default time budget of one ``generate`` call, in seconds: far past the runs in
+#: docs/benchmarks.md (a TFv1 prompt with n = 20 takes seconds on a CPU), short enough that a
+#: search that cannot succeed stops within minutes with ``SearchTimeoutError``.
+MAX_SECONDS = 600.0
+
+
+class FreeTextWarning(UserWarning):
+    """A search method (``asap``, ``adaptrack``, ``exact``) was asked for text with no
+    constraint: it samples text that ends (EOS) within ``max_new_tokens``, which is a search
+    when the model rarely stops that early; ``method="unconstrained"`` is for free text."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,7 @@ class Sample:
     for complete samples of the constrained methods); ``logprob``: log P(tokens | prompt)
     under the model at the sampling temperature (T = 1 when ``temperature=0``);
     ``lm_requests``: prefixes whose next-token distribution this sample used, cache hits
-    included (the paper's "calls to LM per sample", Table 5).
+    included (the AdapTrack paper's "calls to LM per sample", Table 5).
     """
 
     tokens: tuple[int, ...]
@@ -54,8 +75,8 @@ class GenerationResult:
     """Samples plus stats: ``lm_calls`` (model calls: distinct prefixes evaluated, a
     fast-forwarded chain counting once), ``tree_nodes``, ``evictions``, ``backtracks``,
     ``restarts``, ``incomplete``, ``ff_sequences`` and ``forced_tokens`` (fast-forward),
-    ``seconds``, and the constraint's own counters (a predicate adds ``checks``,
-    ``check_timeouts`` and ``check_seconds``)."""
+    ``seconds``, ``prompt_tokens`` (after any truncation) and the constraint's own
+    counters (a predicate adds ``checks``, ``check_timeouts`` and ``check_seconds``)."""
 
     samples: list[Sample]
     stats: dict[str, float] = field(default_factory=dict)
@@ -65,10 +86,59 @@ class GenerationResult:
         return [s.text for s in self.samples]
 
 
+def _integer(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        bound = ">= 0" if minimum == 0 else f"at least {minimum}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, max_nodes: int) -> None:
+    _integer("n", n, 1)
+    t = _real("temperature", temperature)
+    if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), "
+                         f"got {temperature}")
+    p = _real("top_p", top_p)
+    if not 0 < p <= 1:  # also refuses nan
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    _integer("max_new_tokens", max_new_tokens, 1)
+    _integer("max_nodes", max_nodes, 1)
+
+
+def _check_seconds(max_seconds: float | None) -> float | None:
+    if max_seconds is None:
+        return None
+    seconds = _real("max_seconds", max_seconds)
+    if not seconds > 0:  # also refuses nan; inf means no limit
+        raise ValueError(f"max_seconds must be > 0 or None (no limit), got {max_seconds}")
+    return None if math.isinf(seconds) else seconds
+
+
 def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int]) -> list[int]:
     if isinstance(prompt, str):
         return lm.encode(prompt)
-    ids = [int(t) for t in prompt]
+    if isinstance(prompt, bytes | bytearray):
+        raise TypeError("prompt must be a str or a sequence of token ids, got bytes")
+    ids = []
+    for t in prompt:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"prompt token ids must be ints, got {t!r}")
+        ids.append(int(t))
     bad = [t for t in ids if not 0 <= t < lm.vocab.size]
     if bad:
         raise ValueError(
@@ -77,17 +147,39 @@ def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int]) -> list[int]:
     return ids
 
 
-def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, max_nodes: int) -> None:
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if max_nodes < 1:
-        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
+def _fit_prompt(lm: LanguageModel, ids: list[int], max_new_tokens: int,
+                truncate: bool) -> list[int]:
+    """The prompt, refused (``PromptTooLongError``) or cut to its last tokens when it and
+    ``max_new_tokens`` do not fit the model's context (docs/design.md §6)."""
+    context = getattr(lm, "context_length", None)
+    if context is None or len(ids) + max_new_tokens <= context:
+        return ids
+    room = context - max_new_tokens
+    if truncate and room > 0:
+        return ids[len(ids) - room:]
+    how = ("lower max_new_tokens" if room <= 0 else
+           f"shorten the prompt, lower max_new_tokens, or pass truncate_prompt=True (keeps "
+           f"the last {room} prompt tokens)")
+    raise PromptTooLongError(
+        f"the prompt has {len(ids)} tokens and max_new_tokens={max_new_tokens}: "
+        f"{len(ids) + max_new_tokens} > {type(lm).__name__}'s context of {context} tokens; "
+        f"{how}"
+    )
+
+
+def _require_room(matcher: Matcher, max_new_tokens: int) -> None:
+    """``NoValidSequenceError`` before any model work when the constraint's shortest
+    complete sequence needs more than ``max_new_tokens`` tokens (docs/design.md §6): a search
+    could otherwise open every prefix of an empty language (hours on a real model)."""
+    need = int(getattr(matcher, "min_new_tokens", lambda: 1)())
+    if need > max_new_tokens:
+        what = (f"at least {need} tokens (EOS or terminator included)" if need < 1 << 32
+                else "more tokens than any limit")
+        raise NoValidSequenceError(
+            f"the constraint's shortest complete sequence needs {what}, more than "
+            f"max_new_tokens={max_new_tokens}: no valid sequence fits; raise max_new_tokens "
+            "or check the constraint"
+        )
 
 
 def _fast_forward(option: bool | FastForward) -> FastForward | None:
@@ -125,6 +217,9 @@ def generate(
     min_backtrack_prob: float = 0.0,
     max_nodes: int = 100_000,
     max_cache_bytes: int = 1 << 30,
+    max_opened_bytes: int = 1 << 30,
+    max_seconds: float | None = MAX_SECONDS,
+    truncate_prompt: bool = False,
     batch_size: int = 32,
     on_sample: Callable[[Sample], None] | None = None,
 ) -> GenerationResult:
@@ -133,20 +228,36 @@ def generate(
     ``method`` is one of ``unconstrained``, ``cd``, ``asap``, ``adaptrack``, ``exact`` (see
     the README for what each guarantees). The ``n`` samples share one prefix tree, so the
     model evaluates each prefix once. ``share_q``, ``max_backtrack`` and
-    ``min_backtrack_prob`` are AdapTrack's options. ``max_nodes`` bounds the tree; past it
-    ``TreeLimitError`` is raised. ``max_cache_bytes`` bounds the cached next-token facts
-    (evicted ones are recomputed; results do not change). Methods whose samples are
-    independent (``unconstrained``, ``cd``, ``adaptrack`` without ``share_q``) run
-    ``batch_size`` samples in lockstep, so the model sees batches. ``on_sample`` is called
-    with each sample as it finishes (a progress hook). The same ``seed`` gives the same
-    samples, whatever ``batch_size`` and ``max_cache_bytes``: exactly with an exact model
-    (``TableLM``); with a float backend, batch composition changes rounding (~1e-6), which
-    can flip a draw that lands that close to a boundary between two tokens.
+    ``min_backtrack_prob`` are AdapTrack's options. Methods whose samples are independent
+    (``unconstrained``, ``cd``, ``adaptrack`` without ``share_q``) run ``batch_size``
+    samples in lockstep, so the model sees batches. ``on_sample`` is called with each sample
+    as it finishes (a progress hook). The same ``seed`` gives the same samples, whatever
+    ``batch_size`` and ``max_cache_bytes``: exactly with an exact model (``TableLM``); with
+    a float backend, batch composition changes rounding (~1e-6), which can flip a draw that
+    lands that close to a boundary between two tokens.
+
     ``fast_forward`` (``True``, ``False`` or :class:`FastForward` options): bytes the
-    constraint forces are fed as their canonical tokens in one model call (seed 002), and
-    each forced token's probability still enters Q. The target is then conditioned on
-    forced bytes being tokenized canonically (design.md §2); ``False`` feeds them token by
-    token, unconditioned. Forced tokens skip the top-p cutoff.
+    constraint forces are fed as their canonical tokens in one model call, and each forced
+    token's probability still enters Q. The target is then conditioned on forced bytes being
+    tokenized canonically (docs/design.md §2); ``False`` feeds them token by token,
+    unconditioned. Forced tokens skip the top-p cutoff.
+
+    Budgets (docs/design.md §6), each raising a :class:`~adaptrack.SearchLimitError` that
+    names it: ``max_nodes`` prefixes in the tree (``TreeLimitError``); ``max_opened_bytes``
+    for the expansions the search holds (``TreeLimitError``; ``max_cache_bytes`` bounds the
+    others, which are dropped and recomputed, results unchanged); ``max_seconds`` (default
+    ``MAX_SECONDS`` = 600 s, ``None`` for no limit) of sampling (``SearchTimeoutError``).
+    Refused before any model work: a prompt that with ``max_new_tokens`` exceeds the model's
+    ``context_length`` (``PromptTooLongError``, or with ``truncate_prompt=True`` the prompt
+    keeps its last ``context_length - max_new_tokens`` tokens), and, for ``asap``,
+    ``adaptrack`` and ``exact``, a constraint whose shortest complete sequence needs more
+    than ``max_new_tokens`` tokens (``NoValidSequenceError``). With no constraint these
+    three methods warn (:class:`FreeTextWarning`): they sample text that ends within
+    ``max_new_tokens``; ``method="unconstrained"`` is for free text.
+
+    An :class:`~adaptrack.AdaptrackError` raised while sampling carries the samples that
+    finished before it: ``err.partial`` is a :class:`GenerationResult` of them (in sample
+    order, possibly none) with the stats so far.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -156,37 +267,59 @@ def generate(
     ['10011', '11010', '11000']
     >>> all(s.valid for s in res.samples)
     True
+    >>> try:
+    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20)
+    ... except at.TreeLimitError as err:
+    ...     [s.text for s in err.partial.samples]    # what finished before the limit
+    ['10011']
     """
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method != "adaptrack" and (share_q or max_backtrack is not None or min_backtrack_prob):
         raise ValueError(
             "share_q, max_backtrack and min_backtrack_prob apply to method='adaptrack' only"
         )
     _check(n, temperature, top_p, max_new_tokens, max_nodes)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if max_cache_bytes < 0:
-        raise ValueError(f"max_cache_bytes must be >= 0, got {max_cache_bytes}")
-    if max_backtrack is not None and max_backtrack < 0:
-        raise ValueError(f"max_backtrack must be >= 0, got {max_backtrack}")
-    if not 0 <= min_backtrack_prob <= 1:
+    if seed is not None:
+        _integer("seed", seed, 0)
+    _flag("share_q", share_q)
+    _flag("truncate_prompt", truncate_prompt)
+    _integer("batch_size", batch_size, 1)
+    _integer("max_cache_bytes", max_cache_bytes, 0)
+    _integer("max_opened_bytes", max_opened_bytes, 0)
+    if max_backtrack is not None:
+        _integer("max_backtrack", max_backtrack, 0)
+    mbp = _real("min_backtrack_prob", min_backtrack_prob)
+    if not 0 <= mbp <= 1:
         raise ValueError(f"min_backtrack_prob must be in [0, 1], got {min_backtrack_prob}")
+    seconds = _check_seconds(max_seconds)
+    ff = _fast_forward(fast_forward)
+    if on_sample is not None and not callable(on_sample):
+        raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
     started = time.perf_counter()
-    ids = _prompt_ids(lm, prompt)
+    ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, truncate_prompt)
     matcher = (constraint or Anything()).bind(lm.vocab)
     unconstrained = method == "unconstrained"
+    if method in SEARCHES:
+        _require_room(matcher, max_new_tokens)
+        if constraint is None or isinstance(constraint, Anything):
+            warnings.warn(FreeTextWarning(
+                f"method={method!r} with no constraint samples text that ends (EOS) within "
+                f"max_new_tokens={max_new_tokens}, a search that can take long when the model "
+                "rarely stops that early; use method='unconstrained' for free text"),
+                stacklevel=2)
     walker = Anything(matcher.terminators).bind(lm.vocab) if unconstrained else matcher
     tree = PrefixTree(lm, ids, walker, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      max_cache_bytes=max_cache_bytes, restrict_length=not unconstrained,
-                      fast_forward=None if unconstrained else _fast_forward(fast_forward))
-    options = (
-        {"share_q": share_q, "max_backtrack": max_backtrack,
-         "min_backtrack_prob": min_backtrack_prob}
-        if method == "adaptrack" else {}
-    )
-    sampler = METHODS[method](tree, temperature == 0, **options)
+                      max_cache_bytes=max_cache_bytes, max_opened_bytes=max_opened_bytes,
+                      max_seconds=seconds, restrict_length=not unconstrained,
+                      fast_forward=None if unconstrained else ff)
+    sampler: Method
+    if method == "adaptrack":
+        sampler = AdapTrack(tree, temperature == 0, share_q=share_q,
+                            max_backtrack=max_backtrack, min_backtrack_prob=mbp)
+    else:
+        sampler = METHODS[method](tree, temperature == 0)
     samples: list[Sample | None] = [None] * n
 
     def done(i: int, node: Node, requests: int) -> None:
@@ -196,20 +329,29 @@ def generate(
         if on_sample is not None:
             on_sample(samples[i])
 
-    run_walks(sampler, n, batch_size, seed, done)
-    stats = {
-        "lm_calls": tree.lm_calls,
-        "tree_nodes": tree.num_nodes,
-        "evictions": tree.evictions,
-        "backtracks": sampler.backtracks,
-        "restarts": sampler.restarts,
-        "incomplete": sum(not s.complete for s in samples),
-        "ff_sequences": tree.ff_sequences,
-        "forced_tokens": tree.forced_tokens,
-        "seconds": time.perf_counter() - started,
-        **matcher.stats(),
-    }
-    return GenerationResult(samples, stats)  # type: ignore[arg-type]
+    def result() -> GenerationResult:
+        finished = [s for s in samples if s is not None]
+        stats = {
+            "lm_calls": tree.lm_calls,
+            "tree_nodes": tree.num_nodes,
+            "evictions": tree.evictions,
+            "backtracks": sampler.backtracks,
+            "restarts": sampler.restarts,
+            "incomplete": sum(not s.complete for s in finished),
+            "ff_sequences": tree.ff_sequences,
+            "forced_tokens": tree.forced_tokens,
+            "prompt_tokens": len(ids),
+            "seconds": time.perf_counter() - started,
+            **matcher.stats(),
+        }
+        return GenerationResult(finished, stats)
+
+    try:
+        run_walks(sampler, n, batch_size, seed, done)
+    except AdaptrackError as err:
+        err.partial = result()  # type: ignore[attr-defined]
+        raise
+    return result()
 
 
 def exact_distribution(
@@ -221,6 +363,7 @@ def exact_distribution(
     temperature: float = 1.0,
     top_p: float = 1.0,
     max_nodes: int = 100_000,
+    max_seconds: float | None = MAX_SECONDS,
     fast_forward: bool | FastForward = True,
 ) -> dict[tuple[int, ...], float]:
     """The target P(s | c) ∝ P(s)·c(s) by enumeration: {token tuple: probability}.
@@ -228,8 +371,11 @@ def exact_distribution(
     Sequences are complete (they end with EOS or a terminator, within ``max_new_tokens``).
     ``fast_forward`` as in :func:`generate`: by default the target is conditioned on
     forced bytes being tokenized canonically, the distribution ``generate`` samples.
-    Raises ``TreeLimitError`` when enumeration needs more than ``max_nodes`` prefixes and
-    ``NoValidSequenceError`` when no sequence is valid.
+    Raises ``TreeLimitError`` when enumeration needs more than ``max_nodes`` prefixes,
+    ``SearchTimeoutError`` past ``max_seconds``, ``PromptTooLongError`` when the prompt and
+    ``max_new_tokens`` exceed the model's context, and ``NoValidSequenceError`` when no
+    sequence is valid (before any model work when the constraint's shortest complete
+    sequence is longer than ``max_new_tokens``).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -240,11 +386,15 @@ def exact_distribution(
     """
     _check(1, temperature, top_p, max_new_tokens, max_nodes)
     if temperature == 0:
-        raise ValueError("exact_distribution needs temperature > 0")
+        raise ValueError("exact_distribution needs temperature > 0, got 0")
+    seconds = _check_seconds(max_seconds)
+    ff = _fast_forward(fast_forward)
+    ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, False)
     matcher = (constraint or Anything()).bind(lm.vocab)
-    tree = PrefixTree(lm, _prompt_ids(lm, prompt), matcher, temperature=temperature,
-                      top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      fast_forward=_fast_forward(fast_forward))
+    _require_room(matcher, max_new_tokens)
+    tree = PrefixTree(lm, ids, matcher, temperature=temperature, top_p=top_p,
+                      max_new_tokens=max_new_tokens, max_nodes=max_nodes,
+                      max_seconds=seconds, fast_forward=ff)
     dist = enumerate_tree(tree)
     if not dist:
         raise NoValidSequenceError(

@@ -1,5 +1,8 @@
-"""The prefix tree, the Q table and the methods (design.md §3-4)."""
+"""The prefix tree, the Q table, the top-p cut, fast-forward and the methods
+(docs/design.md §3-4)."""
 
-from .tree import Expansion, Node, PrefixTree, QTable
+from .fastforward import FastForward, forced_tokens
+from .qtable import QTable
+from .tree import Expansion, Node, PrefixTree
 
-__all__ = ["Expansion", "Node", "PrefixTree", "QTable"]
+__all__ = ["Expansion", "FastForward", "Node", "PrefixTree", "QTable", "forced_tokens"]

@@ -1,4 +1,4 @@
-"""AdapTrack, Algorithm 2 of the paper, as stated.
+"""AdapTrack, Algorithm 2 of the AdapTrack paper, as stated (docs/design.md §3).
 
 N[x] holds the next token sampled after prefix x. Each round collects the sequence N
 spells (Algorithm 1); if it is complete it is returned (lines 6-7), otherwise the new
@@ -7,7 +7,7 @@ prefix x keeps N[x] with probability P_Q'(n|x) / P_Q(n|x) or backtracks to a tok
 from P_Q(· | x) without n (lines 11-19, formula 4).
 
 With fresh Q per sample (the default) the result is close to, not exactly, the target
-distribution (design.md §3); ``share_q`` keeps Q across the samples of a prompt.
+distribution (docs/design.md §3); ``share_q`` keeps Q across the samples of a prompt.
 ``max_backtrack`` and ``min_backtrack_prob`` are the paper's §7.2.2 limits (not exact); a
 prefix whose continuation is dead is always left, whatever the limits.
 With ``temperature=0``, N[x] is the argmax of P_Q(· | x), re-chosen after each update.
@@ -19,7 +19,8 @@ import numpy as np
 
 from .base import Method, Walk
 from .draw import argmax, draw
-from .tree import Node, QTable
+from .qtable import QTable
+from .tree import Node, PrefixTree
 
 # P_Q ratios within this of 1 count as unchanged: Q[s] of a prefix whose every child is valid
 # sums to 1 only up to rounding, and whether a Bernoulli draw happens must not depend on it
@@ -28,15 +29,30 @@ ROUNDING = 1e-9
 
 
 class AdapTrack(Method):
+    """AdapTrack's Algorithm 2: sample along N, open the new prefix, and let every earlier
+    prefix keep its token or backtrack by formula 4.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
+    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> AdapTrack(tree, greedy=False, share_q=True).independent  # shared Q: one at a time
+    False
+    """
+
     def __init__(
         self,
-        *args,
+        tree: PrefixTree,
+        greedy: bool,
+        *,
         share_q: bool = False,
         max_backtrack: int | None = None,
         min_backtrack_prob: float = 0.0,
-        **kwargs,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        """AdapTrack over ``tree``. ``greedy``: N[x] is the argmax of P_Q(· | x);
+        ``share_q``: one Q for every sample of the prompt (else line 2 starts each sample
+        with Q ← ∅); ``max_backtrack`` (prefix distance) and ``min_backtrack_prob`` (the
+        smallest 1 − p'/p that may backtrack): the paper's §7.2.2 limits."""
+        super().__init__(tree, greedy)
         self.share_q, self.independent = share_q, not share_q
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
         self.shared = QTable(self.tree)

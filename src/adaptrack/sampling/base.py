@@ -1,5 +1,5 @@
-"""What every method shares: the tree it samples from, the generator, the counters, and the
-driver that serves many walks with batched model calls."""
+"""What every method shares: the tree it samples from, the counters, and the driver that
+serves many walks with batched model calls (docs/design.md §4, walks)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ class Method:
     """A sampler over one prefix tree. ``walk(seen, rng)`` draws one sample.
 
     ``greedy`` is ``temperature == 0``. A walk adds to ``seen`` the prefixes whose next-token
-    distribution it used, cached or not: the paper's "calls to LM per sample" (Table 5).
-    ``backtracks`` and ``restarts`` add up over all samples. ``independent`` says whether
-    samples share no state but the tree, so that their walks can run in lockstep.
+    distribution it used, cached or not: the AdapTrack paper's "calls to LM per sample"
+    (Table 5). ``backtracks`` and ``restarts`` add up over all samples. ``independent`` says
+    whether samples share no state but the tree, so that their walks can run in lockstep.
     """
 
     independent = True
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
+        """A method sampling from ``tree``; ``greedy``: temperature 0 (docs/design.md §2)."""
         self.tree, self.greedy = tree, greedy
         self.backtracks = 0
         self.restarts = 0
@@ -38,7 +39,7 @@ class Method:
     def used(seen: set[int], node: Node) -> None:
         """Count ``node``'s distribution as one this sample used. A node whose token was
         fast-forwarded got its distribution with the chain's one call: not counted again."""
-        if not node.forced:
+        if not node.in_chain:
             seen.add(id(node))
 
     def expand(self, node: Node) -> Generator[Node, None, Expansion]:
@@ -89,6 +90,7 @@ def run_walks(
             started += 1
         if not waiting:
             continue
+        method.tree.check_time()  # between model calls: every search stays within its budget
         method.tree.expand_many([node for _, _, node in waiting.values()])
         for i, (walk, seen, _) in sorted(waiting.items()):
             del waiting[i]

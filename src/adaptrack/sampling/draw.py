@@ -9,6 +9,10 @@ def draw(weights: np.ndarray, rng: np.random.Generator, exclude: int | None = No
     """An index i with probability weights[i] / Σ weights (``exclude`` gets weight 0).
 
     At least one weight must be positive. Zero weights are never returned.
+
+    >>> rng = np.random.default_rng(0)
+    >>> sorted({draw(np.array([0.0, 1.0, 3.0]), rng, exclude=2) for _ in range(20)})
+    [1]
     """
     if exclude is not None:
         weights = weights.copy()
@@ -23,7 +27,11 @@ def draw(weights: np.ndarray, rng: np.random.Generator, exclude: int | None = No
 
 
 def argmax(weights: np.ndarray, exclude: int | None = None) -> int:
-    """The index of the largest weight (the lowest index among ties)."""
+    """The index of the largest weight (the lowest index among ties).
+
+    >>> argmax(np.array([1.0, 3.0, 3.0])), argmax(np.array([1.0, 3.0, 3.0]), exclude=1)
+    (1, 2)
+    """
     if exclude is not None:
         weights = weights.copy()
         weights[exclude] = -1.0

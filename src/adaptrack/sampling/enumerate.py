@@ -1,4 +1,5 @@
-"""``exact_distribution``: the target P(s | c) by enumerating every valid complete sequence."""
+"""``exact_distribution``: the target P(s | c) of docs/design.md §2 by enumerating every valid
+complete sequence."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ from .tree import Node, PrefixTree
 def enumerate_tree(tree: PrefixTree) -> dict[tuple[int, ...], float]:
     """Every valid complete sequence below the root with its normalized probability.
 
-    Expands each valid prefix once (depth-first); raises ``TreeLimitError`` past the tree's
-    ``max_nodes`` and returns an empty dict for an empty language.
+    Expands each valid prefix once (depth-first); raises the tree's budget errors
+    (``TreeLimitError`` past ``max_nodes``, ``SearchTimeoutError`` past ``max_seconds``) and
+    returns an empty dict for an empty language.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    >>> tree = PrefixTree(lm, [], at.constraints.choice(["a", "b"]).bind(lm.vocab))
+    >>> {s: round(p, 3) for s, p in enumerate_tree(tree).items()}
+    {(1, 2): 0.333, (0, 2): 0.667}
     """
     found: dict[tuple[int, ...], float] = {}
     stack: list[Node] = [tree.root]

@@ -1,11 +1,12 @@
-"""``exact``: adaptive rejection sampling over the cached prefix tree.
+"""``exact``: adaptive rejection sampling over the cached prefix tree (docs/design.md §3).
 
 Each attempt draws a sequence from P_Q with Q fixed for the attempt: at an opened prefix
 from P_Q(· | x) (formula 3), at a prefix not yet opened from the model's P(· | x) over the
 whole vocabulary (unexplored children count as valid, Q = 1): with probability 1 − Σ_valid
 P(u|x) an invalid token, which rejects the attempt, else a valid u ∝ P(u|x). Because Q
 satisfies formula 2 at every opened prefix, the proposal gives every valid complete
-sequence s the probability P(s) / Q[ε] (the telescoping product of Theorem 5.1), so an
+sequence s the probability P(s) / Q[ε] (the telescoping product of the AdapTrack paper's
+Theorem 5.1), so an
 accepted attempt is an exact draw from P(s | c) ∝ P(s)·c(s). An attempt that picks an
 invalid token is rejected; the prefixes it saw are opened (Q refined) and the next
 attempt starts with fresh randomness.
@@ -25,13 +26,31 @@ import numpy as np
 
 from .base import Method, Walk
 from .draw import draw
-from .tree import Expansion, Node, QTable
+from .qtable import QTable
+from .tree import Expansion, Node, PrefixTree
 
 
 class Exact(Method):
+    """Exact samples of P(s | c) by adaptive rejection (module docstring); with ``greedy``,
+    the most probable valid complete sequence.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
+    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> walk = Exact(tree, greedy=True).walk(set(), np.random.default_rng(0))
+    >>> try:
+    ...     while True:                       # the driver's part: the model calls it waits for
+    ...         tree.expand_many([next(walk)])
+    ... except StopIteration as done:
+    ...     print(done.value.tokens)          # "b" then EOS: .2 · .2 > P(ab EOS) = .6 · .2 · .2
+    (1, 2)
+    """
+
     independent = False  # Q is shared
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+
+    def __init__(self, tree: PrefixTree, greedy: bool) -> None:
+        """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
+        super().__init__(tree, greedy)
         self.Q = QTable(self.tree)
         self._best: Node | None = None
 
@@ -46,18 +65,18 @@ class Exact(Method):
             while not node.complete:
                 self.used(seen, node)
                 if self.Q.is_open(node):
-                    i = draw(self.Q.weights(node), rng)
+                    i = draw(self.Q.weights(node), rng)  # u ~ P_Q(· | x), formula 3
                     token = self.Q.token(node, i)
                 else:
                     exp = yield from self.expand(node)
                     unopened.append(node)
-                    token = self._propose(exp, rng)
+                    token = self._propose(exp, rng)  # u ~ P(· | x): Q = 1 below x
                     if token < 0:
                         break  # an invalid token: rejected
                 node = self.tree.child(node, token)
             for x in unopened:  # parents first: Q stays consistent after the attempt
                 yield from self.expand(x)  # (in case the cache dropped it meanwhile)
-                self.Q.open(x)
+                self.Q.open(x)  # formula 2 (§7.2.1 update)
             if node.complete:
                 return node
             self.restarts += 1
@@ -82,7 +101,7 @@ class Exact(Method):
         # probable child, pushed lazily so a wide vocabulary costs one entry per pop.
         heap: list[tuple[float, int, Node, int]] = [(0.0, 0, tree.root, -1)]
         order: dict[int, list[int]] = {}
-        facts: dict[int, Expansion] = {}
+        expansions: dict[int, Expansion] = {}
         counter = 1
         while heap:
             cost, _, node, k = heapq.heappop(heap)
@@ -91,7 +110,7 @@ class Exact(Method):
                     self._best = node
                     return node
                 exp = yield from self.expand(node)
-                facts[id(node)] = exp
+                expansions[id(node)] = exp
                 self.used(seen, node)
                 if len(exp.ids):
                     order[id(node)] = sorted(range(len(exp.ids)), key=lambda j: -exp.p[j])
@@ -99,7 +118,7 @@ class Exact(Method):
                                           node, 0))
                     counter += 1
                 continue
-            ranks, exp = order[id(node)], facts[id(node)]
+            ranks, exp = order[id(node)], expansions[id(node)]
             child = tree.child(node, int(exp.ids[ranks[k]]))
             heapq.heappush(heap, (-child.logprob, counter, child, -1))
             counter += 1

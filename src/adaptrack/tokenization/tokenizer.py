@@ -1,23 +1,26 @@
-"""Fast-forward tokens: the canonical tokenization of bytes the constraint forces.
+"""The canonical tokenization of partial text: :class:`Tokenizer` and its
+:meth:`~Tokenizer.tokenize_partial`.
 
-Seed ``002_635c77f31ff4e5a1.txt`` in brief. When the constraint forces bytes (``{"name":"``
-in compact JSON), they can be fed to the model in one step. Feeding them as tokens changes
-the model's view of the text, so they must be the tokens the tokenizer itself would have
-produced (*canonical*); otherwise the model is pushed off its training distribution
-(forcing ``order`` when the text goes on as ``orderId``, itself a single token, leaves the
-model to pick ``Id`` after ``order``, which it has almost never seen). The recipe:
+Bytes that a constraint forces can be fed to the model in one step (llguidance's
+documentation of fast-forward tokens; docs/design.md §2, fast-forward target). Feeding them
+as tokens changes the model's view of the text, so they must be the tokens the tokenizer
+itself would have produced (*canonical*); otherwise the model is pushed off its training
+distribution (forcing ``order`` when the text goes on as ``orderId``, itself a single
+token, leaves the model to pick ``Id`` after ``order``, which it has almost never seen). The
+recipe:
 
-1. *tokenize* the forced bytes, with a few recent tokens in front where the tokenizer's
+1. *tokenize* the bytes, with a few recent tokens in front where the tokenizer's
    pre-tokenization needs the context;
 2. *look back* over the last ``max_tokens`` tokens for a byte position ``idx`` where some
-   vocabulary token starts that *spans past the end* of the forced bytes and that the
-   constraint allows after ``data[:idx]``;
+   vocabulary token starts that *spans past the end* of the bytes (and, given an ``allows``
+   test, that the caller allows after ``data[:idx]``);
 3. *hold back* every token that ends after the first such ``idx``: the model decides how the
    text there is tokenized. The bytes held back are returned as the leftover.
 
-:meth:`Tokenizer.tokenize_partial` does this with no constraint (any spanning token
-counts); :func:`forced_tokens` asks the constraint. Spanning tokens come from the token
-trie: the tokens starting with given bytes are one contiguous slice of
+:meth:`Tokenizer.tokenize_partial` does this with no test (any spanning token counts);
+:func:`adaptrack.sampling.fastforward.forced_tokens` asks the constraint through
+:meth:`Tokenizer.tokenize_partial_with`. Spanning tokens come from the token trie: the
+tokens starting with given bytes are one contiguous slice of
 :attr:`~adaptrack.tokenization.vocab.TokenTrie.order`, so no step loops over the vocabulary.
 """
 
@@ -26,24 +29,24 @@ from __future__ import annotations
 import json
 import os
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..cache import LRU
 from .vocab import Vocabulary
-
-if TYPE_CHECKING:  # layers point down (design.md §4): constraints are only type hints here
-    from ..constraints.base import Matcher, State
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
 #: ``allows(idx, spanning_ids)``: may one of ``spanning_ids`` follow ``data[:idx]``?
-_Allows = Callable[[int, np.ndarray], bool]
-#: Builds ``allows`` from the tokenization of the forced bytes and the tokens' byte offsets.
-_MakeAllows = Callable[[list[int], list[int]], _Allows]
+Allows = Callable[[int, np.ndarray], bool]
+#: Builds ``allows`` from the tokenization of the bytes and the tokens' byte offsets.
+MakeAllows = Callable[[list[int], list[int]], Allows]
+
+#: Encoded strings kept by a tokenizer (short strings: a small cache is plenty).
+ENCODED_CACHE_ENTRIES = 4096
 
 
 def _incomplete_tail(data: bytes) -> int:
@@ -90,7 +93,7 @@ class Tokenizer:
         self.trie = vocab.trie
         # No token is longer than this: a suffix of at least this many bytes spans nothing.
         self.max_token_len = max((len(b) for b in vocab.token_bytes if b), default=0)
-        self._encoded: OrderedDict[str, list[int]] = OrderedDict()
+        self._encoded: LRU[str, list[int]] = LRU(ENCODED_CACHE_ENTRIES)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -161,16 +164,13 @@ class Tokenizer:
     def _encode_text(self, text: str) -> list[int]:
         found = self._encoded.get(text)
         if found is not None:
-            self._encoded.move_to_end(text)
             return found
         ids = [int(t) for t in self.encode(text)]
         if self.vocab.decode(ids) != text.encode():
             raise ValueError(
                 f"the tokenizer does not reproduce the text {text[:40]!r}: its tokens' bytes "
                 f"are {self.vocab.decode(ids)[:40]!r} (a prepended space or a normalizer?)")
-        self._encoded[text] = ids
-        if len(self._encoded) > 4096:  # short strings: a small cache is plenty
-            self._encoded.popitem(last=False)
+        self._encoded.put(text, ids)
         return ids
 
     def encode_bytes(self, data: bytes) -> list[int]:
@@ -274,10 +274,16 @@ class Tokenizer:
 
     # -- the whole recipe -------------------------------------------------------------------
 
-    def _partial(self, data: bytes, recent: Sequence[int], max_tokens: int,
-                 make_allows: _MakeAllows | None) -> tuple[list[int], bytes]:
-        """Steps 1-3 of the seed: the kept tokens and the leftover. Without ``make_allows``
-        every spanning token counts."""
+    def tokenize_partial_with(self, data: bytes, recent: Sequence[int], max_tokens: int,
+                              make_allows: MakeAllows | None) -> tuple[list[int], bytes]:
+        """Steps 1-3 of the recipe (module docstring): the kept tokens and the leftover.
+        ``make_allows(tokens, offsets)`` builds the test a spanning token must pass to hold
+        back (the caller's constraint); without it every spanning token counts.
+
+        >>> tok = Tokenizer.longest_match(Vocabulary([b"a", b"ab", b"b"]))
+        >>> tok.tokenize_partial_with(b"aa", (), 4, lambda tokens, offsets: lambda i, ids: False)
+        ([0, 0], b'')
+        """
         end = len(data) - _incomplete_tail(data)  # an incomplete character is left over
         if end == 0:
             return [], data
@@ -309,12 +315,12 @@ class Tokenizer:
     def tokenize_partial(self, data: bytes, recent_tokens: Sequence[int] = (), *,
                          max_tokens: int = 4) -> tuple[list[int], bytes]:
         """The canonical tokens of a prefix of ``data`` that no continuation should change
-        (see :func:`forced_tokens` for the limits of that), and the bytes left over (like
-        llguidance's ``LLTokenizer.tokenize_partial``).
+        (see :func:`adaptrack.sampling.fastforward.forced_tokens` for the limits of that),
+        and the bytes left over (like llguidance's ``LLTokenizer.tokenize_partial``).
 
         ``data`` is tokenized after the bytes of ``recent_tokens`` (the tokens before it;
         at most ``context_tokens`` of them, and only where a token boundary falls exactly
-        between them and ``data``). Then, seed 002's loop: final tokens are held back while
+        between them and ``data``). Then the recipe's loop: final tokens are held back while
         a vocabulary token that starts within the last ``max_tokens`` tokens spans past the
         end of ``data`` (``max_tokens=0`` holds nothing back). An incomplete UTF-8
         character at the end is always left over. The tokens' bytes plus the leftover are
@@ -334,7 +340,7 @@ class Tokenizer:
         data = bytes(data)
         if not data:
             return [], b""
-        return self._partial(data, recent_tokens, max_tokens, None)
+        return self.tokenize_partial_with(data, recent_tokens, max_tokens, None)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -344,115 +350,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def _intersects(allowed: np.ndarray, ids: np.ndarray) -> bool:
-    """Whether ``ids`` (any order) and the sorted ``allowed`` share an element."""
-    if not len(allowed) or not len(ids):
-        return False
-    pos = np.searchsorted(allowed, ids)
-    pos[pos == len(allowed)] = len(allowed) - 1
-    return bool(np.any(allowed[pos] == ids))
-
-
-class _ConstraintCheck:
-    """``allows(idx, ids)`` for :func:`forced_tokens`: may ``data[:idx] + bytes(t)`` follow
-    ``state`` for some ``t`` in ``ids``?
-
-    The state after ``data[:idx]`` is reached through the tokenization of ``data`` up to its
-    last token boundary at or before ``idx`` (those states are cached and shared by all
-    ``idx``), then greedy longest-match tokens for the rest: constraints are byte-level, so
-    any tokenization of the bytes gives the same answer. Where the check cannot be made (a
-    token on the way refused) it answers yes: holding back is always safe."""
-
-    def __init__(self, tokenizer: Tokenizer, matcher: Matcher, state: State, data: bytes,
-                 tokens: list[int], offsets: list[int]) -> None:
-        self.tokenizer, self.matcher, self.data = tokenizer, matcher, data
-        self.tokens, self.offsets = tokens, offsets
-        self.states: list[State | None] = [state]
-
-    def _advance(self, state: State | None, token: int) -> State | None:
-        if state is None or self.matcher.is_complete(state):  # complete: DONE
-            return state
-        return self.matcher.advance(state, token)
-
-    def state_at(self, idx: int) -> State | None:
-        k = bisect_right(self.offsets, idx) - 1
-        while len(self.states) <= k:  # states along the tokenization, computed once each
-            self.states.append(self._advance(self.states[-1], self.tokens[len(self.states) - 1]))
-        state = self.states[k]
-        rest = self.data[self.offsets[k]:idx]
-        if rest:
-            for tok in self.tokenizer.vocab.longest_match(rest):
-                state = self._advance(state, tok)
-        return state
-
-    def __call__(self, idx: int, ids: np.ndarray) -> bool:
-        state = self.state_at(idx)
-        if state is None:
-            return True  # cannot tell: hold back
-        if self.matcher.is_complete(state):
-            return False  # the text ended inside the forced bytes: nothing can follow
-        m = self.matcher
-        allowed = m.allowed(state)
-        if not m.lazy:
-            return _intersects(allowed, ids)
-        # Lazy: allowed lists candidates; each must still pass advance (DONE counts).
-        ids = ids[np.isin(ids, allowed, assume_unique=True)]
-        with m.checking():
-            return any(m.advance(state, int(t)) is not None for t in ids)
-
-
-def forced_tokens(tokenizer: Tokenizer, matcher: Matcher, state: State,
-                  recent_tokens: Sequence[int], *, max_tokens: int = 4,
-                  conservative: bool = False) -> tuple[list[int], bytes]:
-    """The fast-forward tokens at ``state`` and the forced bytes they leave over.
-
-    ``data = matcher.forced_bytes(state)`` is tokenized as in
-    :meth:`Tokenizer.tokenize_partial`, but a token ``t`` that starts at byte ``idx`` of
-    ``data`` and spans past its end makes the tokens from ``idx`` on be held back only if
-    the constraint allows it: ``data[:idx] + bytes(t)`` is a valid continuation from
-    ``state``. Eager matchers answer with one ``allowed`` mask per ``idx`` tried (the
-    spanning ids looked up in it by binary search), lazy ones with ``advance`` per spanning
-    token until one is not ``None`` (``DONE`` counts as allowed).
-
-    ``conservative=True`` skips the constraint: any spanning vocabulary token holds back
-    (exactly ``tokenize_partial``). The test is then one lookup in a precomputed set, the
-    token trie's inner nodes, which are the byte strings that are proper prefixes of a
-    longer token; it forces a little less (12.6 % instead of 13.1 % of MaskBench's tokens
-    with Llama 3) and needs no grammar mask.
-
-    Returns ``([], b"")`` when nothing is forced. The tokens' bytes plus the leftover are
-    ``data``, and the tokens are the canonical tokenization's (given ``recent_tokens``) of
-    every valid continuation, as far as the seed's test can tell: it looks only for tokens
-    that span the end. BPE merges inside one pre-token can still change when the pre-token
-    grows (``":`` ``[]`` but ``":[`` ``],"``); docs/benchmarks.md counts how often.
-
-    >>> from adaptrack.constraints import regex
-    >>> v = Vocabulary([b"order", b"orderId", b"Id", b"Name", b'"', b'":', b"_x", b"{", b"<e>"],
-    ...                eos_ids=[8])
-    >>> tok = Tokenizer.longest_match(v)
-    >>> m = regex('order(Id|Name)').bind(v)
-    >>> s = m.start()
-    >>> m.forced_bytes(s), forced_tokens(tok, m, s, [])     # orderId is allowed: hold back
-    (b'order', ([], b'order'))
-    >>> m = regex('order(Name|_x)').bind(v)
-    >>> forced_tokens(tok, m, m.start(), [])                # orderId is not: force "order"
-    ([0], b'')
-    >>> forced_tokens(tok, m, m.start(), [], conservative=True)
-    ([], b'order')
-    """
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    if matcher.is_complete(state):  # DONE
-        return [], b""
-    data = bytes(matcher.forced_bytes(state))
-    if not data:
-        return [], b""
-    if conservative:
-        return tokenizer.tokenize_partial(data, recent_tokens, max_tokens=max_tokens)
-    kept, leftover = tokenizer._partial(
-        data, recent_tokens, max_tokens,
-        lambda tokens, offsets: _ConstraintCheck(tokenizer, matcher, state, data, tokens,
-                                                 offsets))
-    return kept, leftover
