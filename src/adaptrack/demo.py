@@ -1,5 +1,14 @@
-"""``adaptrack demo``: the paper's Figure 3 on the default model, and every method on a toy
-problem against the exact target (``--problem``)."""
+"""``adaptrack demo``: on the default model, the paper's Figure 3 (what each method writes
+when the model's intent is invalid) and the five-bit task (how far each method's
+distribution is from the exact target, docs/design.md §2); with ``--problem``, every method
+on a toy problem against the exact target.
+
+>>> import io
+>>> out = io.StringIO()
+>>> run_demo("binary", n=200, seed=0, out=out)
+>>> print(out.getvalue().splitlines()[0])
+problem binary: five random bits; valid: 00000 or anything starting with 1; uniform model.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +18,15 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from . import constraints, metrics, testing
-from .constraints.base import Constraint
-from .eval import tfv1
+from . import metrics, testing
+from .eval import binary
+from .eval.tfv1 import (
+    FIGURE3_PROMPT,
+    FIGURE3_V1_INTENT,
+    FIGURE3_V2_ANSWER,
+    TF2_NAMES,
+    figure3_constraint,
+)
 from .generate import exact_distribution, generate
 from .lm.base import LanguageModel
 
@@ -29,7 +44,7 @@ ABOUT = {
     "api_names": "the model wants `matrix_rank(`, which does not exist (paper Figure 1); valid:\n"
                  "linalg.matrix_rank, linalg.matrix_exp, matrix_power, matrix_exp, then `(`.",
     "no_ab": "{a,b,c}^4 without 'ab', ending in 'c' or 'aaaa'; a context-dependent model\n"
-             "(design.md §3).",
+             "(docs/design.md §3).",
     "length_bound": "max_new_tokens=3 rules some tokenizations out: the target is conditioned\n"
                     "on finishing in time.",
 }
@@ -77,44 +92,6 @@ def run_demo(
           f"{(len(target) - 1) / (2 * n):.4f}.", file=out)
 
 
-# The paper's Figure 3: a wrapper for a TensorFlow v1-only API, in the v2 setting (one of
-# the TFv1 problems, adaptrack.eval.tfv1).
-_FIGURE3 = tfv1.problem("compat.v1.losses.mean_pairwise_squared_error")
-FIGURE3_PROMPT = _FIGURE3.prompt
-V1_INTENT = _FIGURE3.oracle["v1"] + "("  # right in TF 1, missing in TF 2
-V2_ANSWER = _FIGURE3.oracle["v2"] + "("  # the paper's v2 answer
-
-# A short list of real TF 2.16 API names around the example; the evaluation issue brings
-# the full list. The completion is "." + a name + "(" (the terminator).
-TF2_NAMES = (
-    "compat.v1.losses.mean_pairwise_squared_error", "compat.v1.losses.mean_squared_error",
-    "compat.v1.losses.absolute_difference", "compat.v1.losses.log_loss",
-    "compat.v1.losses.huber_loss", "compat.v1.losses.hinge_loss",
-    "compat.v1.losses.cosine_distance", "compat.v1.losses.sigmoid_cross_entropy",
-    "compat.v1.losses.softmax_cross_entropy", "compat.v1.losses.compute_weighted_loss",
-    "compat.v1.reduce_sum", "compat.v1.placeholder", "compat.v1.get_variable",
-    "compat.v1.metrics.mean_squared_error", "losses.mean_squared_error",
-    "losses.mean_absolute_error", "losses.mean_squared_logarithmic_error",
-    "losses.mean_absolute_percentage_error", "losses.huber", "losses.log_cosh",
-    "losses.binary_crossentropy", "losses.categorical_crossentropy",
-    "losses.sparse_categorical_crossentropy", "losses.kl_divergence",
-    "losses.cosine_similarity", "losses.hinge", "losses.squared_hinge", "losses.poisson",
-    "losses.MeanSquaredError", "losses.Huber", "math.reduce_sum", "math.reduce_mean",
-    "math.squared_difference", "math.square", "math.pow", "math.abs", "math.sqrt",
-    "math.log", "math.exp", "reduce_sum", "reduce_mean", "reduce_max", "square", "pow", "abs",
-    "sqrt", "cast", "constant", "Variable", "matmul", "add", "subtract", "multiply", "divide",
-    "reshape", "transpose", "concat", "stack", "nn.l2_loss", "nn.softmax", "nn.relu",
-    "nn.sigmoid_cross_entropy_with_logits", "nn.softmax_cross_entropy_with_logits",
-    "keras.losses.mean_squared_error", "keras.losses.MeanSquaredError",
-    "metrics.mean_squared_error", "metrics.MeanSquaredError", "function", "print",
-)
-
-
-def figure3_constraint() -> Constraint:
-    """The v2 setting of Figure 3: "." + one of :data:`TF2_NAMES` + "("."""
-    return constraints.choice(["." + name for name in TF2_NAMES], terminators="(")
-
-
 def text_logprob(lm: LanguageModel, prompt: str, text: str) -> float:
     """log P(text | prompt) along the canonical tokenization of prompt + text (of the text
     alone where the boundary merges), in one model call."""
@@ -125,6 +102,14 @@ def text_logprob(lm: LanguageModel, prompt: str, text: str) -> float:
     return float(sum(rows[i, t] for i, t in enumerate(tail)))
 
 
+#: Samples per method in the model demo's five-bit task: the n samples share one prefix tree
+#: of about 33 prefixes, so their cost is in the sampler, not in the model.
+BITS_SAMPLES = 2000
+
+#: The methods of the five-bit task; AdapTrack shares Q across samples (paper RQ4).
+BITS_RUNS = (("cd", {}), ("adaptrack", {"share_q": True}), ("exact", {}))
+
+
 def run_model_demo(
     model: str | None = None,
     backend: str = "auto",
@@ -132,9 +117,12 @@ def run_model_demo(
     n: int = 10,
     seed: int = 0,
     out: TextIO | None = None,
+    bits_n: int | None = None,
 ) -> None:
-    """The paper's Figure 3 on a real model: what unconstrained decoding, CD and AdapTrack
-    write after ``return tf`` when only TF 2 names are valid."""
+    """On a real model: the paper's Figure 3 (what unconstrained decoding, CD and AdapTrack
+    write after ``return tf`` when only TF 2 names are valid; ``n`` samples each) and the
+    five-bit task (:func:`five_bits`, ``bits_n`` samples per method, default
+    :data:`BITS_SAMPLES`)."""
     out = out or sys.stdout
     from .lm.load import load_model
 
@@ -143,24 +131,37 @@ def run_model_demo(
     name = getattr(lm, "name", model) or "the default model"
     print(f"model: {name} ({type(lm).__name__}, loaded in "
           f"{time.perf_counter() - started:.1f} s)\n", file=out)
+    figure3(lm, n, seed, out)
+    print(file=out)
+    five_bits(lm, bits_n or BITS_SAMPLES, seed, out)
+
+
+def _progress(text: str) -> None:
+    if sys.stderr.isatty():
+        print(f"  {text}".ljust(40), end="\r", file=sys.stderr, flush=True)
+
+
+def figure3(lm: LanguageModel, n: int = 10, seed: int = 0, out: TextIO | None = None) -> None:
+    """The paper's Figure 3 in the v2 setting: the model's probability of its TF 1 intent
+    and of the v2 answer, then per method the greedy text and ``n`` samples."""
+    out = out or sys.stdout
+    print("== The paper's Figure 3: the model's intent does not exist ==\n", file=out)
     print("prompt (paper Figure 3):\n    " + FIGURE3_PROMPT.replace("\n", "\n    ") + "\n",
           file=out)
     print(f"constraint: '.' + one of {len(TF2_NAMES)} TensorFlow 2 API names + '('. The "
           "model's\nintent in TF 1 is `tf.losses.mean_pairwise_squared_error`, which TF 2 "
           "only has as\n`tf.compat.v1.losses.mean_pairwise_squared_error`.\n", file=out)
     prompt = lm.encode(FIGURE3_PROMPT)
-    for label, text in (("v1 intent (invalid in TF 2)", V1_INTENT),
-                        ("v2 answer", V2_ANSWER)):
+    for label, text in (("v1 intent (invalid in TF 2)", FIGURE3_V1_INTENT),
+                        ("v2 answer", FIGURE3_V2_ANSWER)):
         lp = text_logprob(lm, FIGURE3_PROMPT, text)
         print(f"  P(`{text}` | prompt) = {math.exp(lp):.2e}   ({label})", file=out)
     print(f"\n| method | greedy | {n} samples (count × text) | valid | lm_calls/sample |",
           file=out)
     print("|---|---|---|---|---|", file=out)
     constraint = figure3_constraint()
-    show_progress = sys.stderr.isatty()
     for method in ("unconstrained", "cd", "adaptrack"):
-        if show_progress:
-            print(f"  {method}…", end="\r", file=sys.stderr, flush=True)
+        _progress(f"Figure 3: {method}…")
         kw = dict(method=method, max_new_tokens=24, seed=seed)
         greedy = generate(lm, prompt, constraint, temperature=0, **kw).samples[0]
         res = generate(lm, prompt, constraint, n=n, **kw)
@@ -174,3 +175,47 @@ def run_model_demo(
               file=out, flush=True)
     print("\nvalid: the text is '.' + a TF 2 name + '('. lm_calls/sample counts the prefixes "
           "whose\ndistribution a sample used (paper Table 5).", file=out)
+    _progress("")
+
+
+def five_bits(lm: LanguageModel, n: int = BITS_SAMPLES, seed: int = 0,
+              out: TextIO | None = None) -> None:
+    """The five-bit task (paper RQ4, :mod:`adaptrack.eval.binary`): per method of
+    :data:`BITS_RUNS`, the share of ``00000`` in ``n`` samples and KL(samples ‖ target), the
+    target P(s | c) enumerated exactly (docs/design.md §2)."""
+    out = out or sys.stdout
+    constraint = binary.constraint()
+    started = time.perf_counter()
+    _progress("five bits: exact target…")
+    target = exact_distribution(lm, binary.PROMPT, constraint,
+                                max_new_tokens=binary.MAX_NEW_TOKENS)
+    target_seconds = time.perf_counter() - started
+    decode = lm.vocab.decode
+    p_zeros = sum(p for s, p in target.items() if decode(s) == b"00000")
+    print("== Five random bits (paper RQ4): CD's distortion, measured ==\n", file=out)
+    print(f"prompt: {binary.PROMPT!r}\nvalid: 00000, or five bits starting with 1. CD "
+          "draws the first bit by the model's\nlocal odds, and a leading 0 leaves only 00000: "
+          "CD gives 00000 the whole share of a\nleading 0. The target gives 00000 only its own "
+          "probability.\n"
+          f"Exact target by enumeration: {len(target)} token sequences ({target_seconds:.1f} s); "
+          f"{n} samples per method, seed {seed}.\n", file=out)
+    print("| method | P(00000) | KL to target | lm_calls | seconds |", file=out)
+    print("|---|---|---|---|---|", file=out)
+    print(f"| exact target | {p_zeros:.4f} | 0 | | |", file=out)
+    for method, options in BITS_RUNS:
+        label = method + (" (share_q)" if options else "")
+        _progress(f"five bits: {label}…")
+        res = generate(lm, binary.PROMPT, constraint, method=method, n=n, seed=seed,
+                       max_new_tokens=binary.MAX_NEW_TOKENS, **options)
+        drawn = [s for s in res.samples if s.complete]
+        seen = Counter(s.tokens for s in drawn)
+        kl = metrics.kl_divergence(seen, target) if seen else math.inf
+        zeros = sum(s.text == "00000" for s in drawn) / n
+        print(f"| {label} | {zeros:.4f} | {kl:.4f} | {res.stats['lm_calls']} | "
+              f"{res.stats['seconds']:.1f} |", file=out, flush=True)
+    _progress("")
+    noise = (len(target) - 1) / (2 * n)
+    print(f"\nKL is KL(empirical ‖ target) in nats. Sampling noise alone: KL about {noise:.4f} "
+          f"on average\n((k − 1)/(2n), k = {len(target)}), and a standard error of at most "
+          f"{0.5 / math.sqrt(n):.4f} on P(00000);\nan unbiased method's P(00000) is "
+          f"{p_zeros:.4f} up to that. docs/results/binary.md has the full study.", file=out)

@@ -47,7 +47,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from ..constraints import API_TERMINATORS, Choice, anything, api_names
+from ..constraints import API_TERMINATORS, Choice, anything, api_names, choice
 from ..errors import AdaptrackError
 from .runner import Job, ModelTask, Record, check_methods, seed_for
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names, write_names
@@ -127,6 +127,49 @@ def problems(version: str = DEFAULT_VERSION, limit: int | None = None) -> list[P
     apis = list(v1_only_apis(version))
     random.Random(0).shuffle(apis)
     return [problem(a) for a in apis[:limit]]
+
+
+# The paper's Figure 3: one TFv1 problem, in the v2 setting, with a short list of real TF 2.16
+# names around it, so that ``adaptrack demo`` needs no TensorFlow API list. The completion
+# is "." + a name + "(" (the terminator).
+FIGURE3_API = "compat.v1.losses.mean_pairwise_squared_error"
+FIGURE3_PROMPT = problem(FIGURE3_API).prompt
+#: What the model means: right in TF 1, missing in TF 2.
+FIGURE3_V1_INTENT = problem(FIGURE3_API).oracle["v1"] + "("
+#: The paper's answer in the v2 setting.
+FIGURE3_V2_ANSWER = problem(FIGURE3_API).oracle["v2"] + "("
+TF2_NAMES = (
+    "compat.v1.losses.mean_pairwise_squared_error", "compat.v1.losses.mean_squared_error",
+    "compat.v1.losses.absolute_difference", "compat.v1.losses.log_loss",
+    "compat.v1.losses.huber_loss", "compat.v1.losses.hinge_loss",
+    "compat.v1.losses.cosine_distance", "compat.v1.losses.sigmoid_cross_entropy",
+    "compat.v1.losses.softmax_cross_entropy", "compat.v1.losses.compute_weighted_loss",
+    "compat.v1.reduce_sum", "compat.v1.placeholder", "compat.v1.get_variable",
+    "compat.v1.metrics.mean_squared_error", "losses.mean_squared_error",
+    "losses.mean_absolute_error", "losses.mean_squared_logarithmic_error",
+    "losses.mean_absolute_percentage_error", "losses.huber", "losses.log_cosh",
+    "losses.binary_crossentropy", "losses.categorical_crossentropy",
+    "losses.sparse_categorical_crossentropy", "losses.kl_divergence",
+    "losses.cosine_similarity", "losses.hinge", "losses.squared_hinge", "losses.poisson",
+    "losses.MeanSquaredError", "losses.Huber", "math.reduce_sum", "math.reduce_mean",
+    "math.squared_difference", "math.square", "math.pow", "math.abs", "math.sqrt",
+    "math.log", "math.exp", "reduce_sum", "reduce_mean", "reduce_max", "square", "pow", "abs",
+    "sqrt", "cast", "constant", "Variable", "matmul", "add", "subtract", "multiply", "divide",
+    "reshape", "transpose", "concat", "stack", "nn.l2_loss", "nn.softmax", "nn.relu",
+    "nn.sigmoid_cross_entropy_with_logits", "nn.softmax_cross_entropy_with_logits",
+    "keras.losses.mean_squared_error", "keras.losses.MeanSquaredError",
+    "metrics.mean_squared_error", "metrics.MeanSquaredError", "function", "print",
+)
+
+
+def figure3_constraint() -> Choice:
+    """The v2 setting of Figure 3 on :data:`TF2_NAMES`: "." + one of them + "(".
+
+    >>> c = figure3_constraint()
+    >>> len(c.strings), FIGURE3_V2_ANSWER
+    (69, '.compat.v1.losses.mean_pairwise_squared_error(')
+    """
+    return choice(["." + name for name in TF2_NAMES], terminators="(")
 
 
 @cache

@@ -1,8 +1,8 @@
-"""Benchmarks behind ``adaptrack bench`` (the command line only parses and prints).
-
-``bench_ff``: fast-forward tokens (seed ``002_635c77f31ff4e5a1.txt``) on MaskBench, ours
-(:func:`adaptrack.tokenization.fastforward.forced_tokens`) beside llguidance's own
-(``LLMatcher.compute_ff_tokens`` with forcing on), on the same grammar and tokenizer.
+"""``adaptrack bench ff``: fast-forward tokens on MaskBench, ours
+(:func:`adaptrack.sampling.fastforward.forced_tokens`, docs/design.md §2) beside llguidance's
+own (``LLMatcher.compute_ff_tokens`` with forcing on, as in llguidance's documentation of
+fast-forward tokens), on the same grammar and tokenizer. The command line only parses and
+prints; the counts are defined here.
 
 For every valid instance of every schema:
 
@@ -48,6 +48,29 @@ _ATTEMPTS = 3
 #: How many recent canonical tokens the walk hands to ``forced_tokens`` (it uses at most
 #: ``Tokenizer.context_tokens`` of them).
 _RECENT = 8
+
+
+#: The directive :mod:`adaptrack.constraints.grammar` appends to every grammar so that
+#: llguidance returns every valid token rather than one forced token (llguidance's
+#: documentation of grammar options); llguidance's side of the comparison runs without it.
+NO_FORCING = '%llguidance {"no_forcing": true}'
+
+
+def with_forcing(lark_text: str) -> str:
+    """``lark_text`` without the no-forcing directive, so that llguidance forces tokens.
+
+    >>> with_forcing('start: "a"\\n%llguidance {"no_forcing": true}\\n')
+    'start: "a"\\n'
+    >>> with_forcing('start: "a"')
+    Traceback (most recent call last):
+    ValueError: the grammar has no '%llguidance {"no_forcing": true}' line to remove
+    """
+    lines = lark_text.splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() != NO_FORCING]
+    if len(kept) == len(lines):
+        # Comparing against llguidance with forcing still off would count nothing forced.
+        raise ValueError(f"the grammar has no {NO_FORCING!r} line to remove")
+    return "".join(kept)
 
 
 def _maybe_json(value: Any) -> Any:
@@ -118,9 +141,9 @@ def bench_ff(
     non-canonical ff sequences) are kept in ``"examples"``."""
     from llguidance import LLMatcher, LLTokenizer
 
-    from .constraints import json_schema
-    from .constraints.grammar import _NO_FORCING
-    from .tokenization.fastforward import Tokenizer, forced_tokens
+    from ..constraints import json_schema
+    from ..sampling.fastforward import forced_tokens
+    from ..tokenization.tokenizer import Tokenizer
 
     t_start = time.perf_counter()
     tok = Tokenizer.from_file(tokenizer)
@@ -190,7 +213,7 @@ def bench_ff(
                     raise ValueError("schema false")
                 grammar = json_schema(full)
                 matcher = grammar.bind(vocab)
-                ll_grammar = grammar.lark_text.removesuffix(_NO_FORCING)
+                ll_grammar = with_forcing(grammar.lark_text)
                 llm = LLMatcher(ll_tok, ll_grammar, log_level=0)
                 if llm.is_error():
                     raise ValueError(llm.get_error())

@@ -1,0 +1,157 @@
+"""``adaptrack eval``: run an evaluation of the paper (TFv1, binary) into a resumable JSONL
+results file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from ..eval import binary as binary_task
+from ..eval import tfv1
+from ..generate import METHODS
+from ..lm.load import BACKENDS, DEVICES
+from .common import (
+    Parser,
+    UsageError,
+    names,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+)
+
+HELP = "run an evaluation of the paper (TFv1, binary)"
+DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run resumes "
+               "where it stopped.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="eval", required=True, parser_class=Parser)
+    tf = sub.add_parser(
+        "tfv1", help="paper RQ1: complete a TensorFlow v1-only API in the v1 and v2 settings",
+        description="Per TFv1 problem, method and setting: one greedy and n sampled "
+                    "completions; EM@k and LM calls per sample (paper Tables 1 and 5).",
+    )
+    tf.add_argument("--methods", type=names(METHODS), metavar="M,M",
+                    default=",".join(tfv1.METHODS),
+                    help=f"comma-separated methods (default: {','.join(tfv1.METHODS)})")
+    tf.add_argument("--settings", type=names(tfv1.SETTINGS), default=",".join(tfv1.SETTINGS),
+                    metavar="S,S", help="TensorFlow settings: v1, v2 or both (default: v1,v2)")
+    tf.add_argument("-n", type=positive_int, default=20,
+                    help="sampled completions per problem (default: 20)")
+    tf.add_argument("--limit", type=positive_int, metavar="N",
+                    help="run the first N of the problems (416 for TF 2.16.1; a fixed "
+                         "shuffled order)")
+    tf.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
+                    help="most tokens per completion (default: 32)")
+    binary = sub.add_parser(
+        "binary", help="paper RQ4: five random bits, KL to the exact target",
+        description="Five random bits on a real model: valid are 00000 and any string "
+                    "starting with 1. KL of each method's samples to the exact target "
+                    "(by enumeration) and the paper's sample-based KL (Table 4, Figure 4).",
+    )
+    binary.add_argument("--methods", type=names(METHODS), metavar="M,M",
+                        default=",".join(binary_task.METHODS),
+                        help=f"comma-separated methods (default: "
+                             f"{','.join(binary_task.METHODS)}; adaptrack shares Q across "
+                             "samples, as in the paper)")
+    binary.add_argument("-n", type=positive_int, default=2000,
+                        help="samples per method (default: 2000)")
+    for task in (tf, binary):
+        task.add_argument("-o", "--out", metavar="FILE", required=True,
+                          help="the JSONL results file (appended to when it exists)")
+        task.add_argument("--model", metavar="SPEC",
+                          help="a .gguf path, a Hugging Face id or a local directory "
+                               "(default: the default model)")
+        task.add_argument(
+            "--backend", choices=BACKENDS, default="auto" if task is tf else "transformers",
+            help="model backend (default: auto for tfv1; transformers for binary, whose KL "
+                 "to an enumerated target needs log-probs that do not change between "
+                 "prefix trees, which llama.cpp's float16 KV reuse does not give)")
+        task.add_argument("--device", choices=DEVICES, default="auto")
+        # 0 passes here and the task refuses it, saying why (both studies sample).
+        task.add_argument("--temperature", type=non_negative_float, default=1.0, metavar="T",
+                          help="sampling temperature, > 0 (default: 1.0)")
+        task.add_argument("--seed", type=non_negative_int, default=0, metavar="INT",
+                          help="random seed, >= 0 (default: 0)")
+        task.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                          help="local worker processes, each loading the model (default: 1)")
+        task.add_argument("--no-report", action="store_true",
+                          help="do not print the report at the end")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..eval import runner
+
+    if args.eval == "tfv1":
+        task: Any = tfv1.TFv1Task(
+            model=args.model, backend=args.backend, device=args.device, methods=args.methods,
+            settings=args.settings, n=args.n, limit=args.limit, temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens, seed=args.seed)
+    else:
+        task = binary_task.BinaryTask(
+            model=args.model, backend=args.backend, device=args.device, methods=args.methods,
+            n=args.n, temperature=args.temperature, seed=args.seed)
+    progress = _Progress("jobs")
+    try:
+        runner.run(task, args.out, workers=args.workers, on_start=progress.start,
+                   on_record=progress.update)
+    except OSError as err:
+        raise UsageError(f"cannot write results file {args.out!r}: "
+                         f"{err.strerror or err}") from None
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"adaptrack: finished jobs are kept in {args.out}; run the same command to "
+              "resume", file=sys.stderr)
+        raise
+    finally:
+        progress.close()
+    print(f"results: {args.out}", file=sys.stderr)
+    if not args.no_report:
+        from ..eval.report import report
+
+        print(report(args.out), file=sys.stdout)
+    return 0
+
+
+class _Progress:
+    """Jobs done out of all, with an ETA from this session's pace: a tqdm bar on a
+    terminal, else a line on stderr every 30 s (for logs)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.bar, self.total, self.count = what, None, 0, 0
+
+    def start(self, done: int, todo: int) -> None:
+        self.total, self.count, self.new = done + todo, done, 0
+        self.started = self.last = time.monotonic()
+        if done:
+            print(f"adaptrack: resuming: {done} of {self.total} {self.what} already in the "
+                  "results file", file=sys.stderr)
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, initial=done, unit=self.what[:-1] or "job",
+                                file=sys.stderr, smoothing=0.05)
+            except ImportError:
+                pass
+
+    def update(self, _: Any = None) -> None:
+        self.count += 1
+        self.new += 1
+        if self.bar is not None:
+            self.bar.update()
+            return
+        now = time.monotonic()
+        if now - self.last >= 30 or self.count == self.total:
+            self.last = now
+            eta = (now - self.started) / self.new * (self.total - self.count)
+            print(f"adaptrack: {self.count}/{self.total} {self.what}, "
+                  f"{(now - self.started) / 60:.1f} min, ETA {eta / 60:.1f} min",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,23 @@
+"""``adaptrack report``: tables and plots from an ``adaptrack eval`` results file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "tables and plots from an `adaptrack eval` results file"
+DESCRIPTION = ("Markdown tables shaped like the paper's (Tables 1 and 5 for tfv1, Table 4 for "
+               "binary) and PNG plots (EM@k; KL over sliding windows).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS.jsonl")
+    parser.add_argument("--plots", metavar="DIR",
+                        help="write PNG plots into DIR (needs matplotlib)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..eval.report import report
+
+    print(report(args.results, plots=args.plots), file=sys.stdout)
+    return 0
