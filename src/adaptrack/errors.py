@@ -22,18 +22,21 @@ class AdaptrackError(Exception):
 class NoValidSequenceError(AdaptrackError):
     """The constraint admits no complete sequence within ``max_new_tokens``.
 
-    Raised once the prefix tree proves it (the root's estimated valid mass Q[ε] is 0), or
-    up front when the shortest valid text needs more tokens than allowed, so no method can
-    loop on an empty language.
+    Raised once the prefix tree proves it (the root's estimated valid mass Q[ε] is 0), or,
+    for the searching methods (asap, adaptrack, exact) and ``exact_distribution``, up front
+    when the constraint's shortest complete sequence needs more tokens than allowed
+    (``Matcher.min_new_tokens``), so no method can loop on an empty language.
     """
 
 
 class SearchLimitError(AdaptrackError):
-    """A search ran past one of its budgets (``max_nodes`` or ``max_seconds``)."""
+    """A search ran past one of its budgets (``max_nodes``, ``max_opened_bytes`` or
+    ``max_seconds``); the message names it and how to raise it."""
 
 
 class TreeLimitError(SearchLimitError):
-    """The prefix tree grew past its node limit (``max_nodes``)."""
+    """The prefix tree grew past its node limit (``max_nodes``), or the expansions its Q
+    tables hold grew past ``max_opened_bytes``."""
 
 
 class SearchTimeoutError(SearchLimitError):

@@ -107,8 +107,14 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+#: More samples than this in one call is refused: each one is kept in memory until the end.
+MAX_N = 10_000_000
+
+
 def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, max_nodes: int) -> None:
-    _integer("n", n, 1)
+    if _integer("n", n, 1) > MAX_N:
+        raise ValueError(f"n must be at most {MAX_N:_}, got {n}; split the work into several "
+                         "calls")
     t = _real("temperature", temperature)
     if not (math.isfinite(t) and t >= 0):
         raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), "
@@ -134,6 +140,11 @@ def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int]) -> list[int]:
         return lm.encode(prompt)
     if isinstance(prompt, bytes | bytearray):
         raise TypeError("prompt must be a str or a sequence of token ids, got bytes")
+    try:
+        prompt = list(prompt)
+    except TypeError:
+        raise TypeError(f"prompt must be a str or a sequence of token ids, got {prompt!r} "
+                        f"({type(prompt).__name__})") from None
     ids = []
     for t in prompt:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
@@ -145,6 +156,17 @@ def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int]) -> list[int]:
             f"prompt token ids {bad[:5]} are outside the vocabulary (0..{lm.vocab.size - 1})"
         )
     return ids
+
+
+def _bind(constraint: Constraint | None, lm: LanguageModel) -> Matcher:
+    if constraint is None:
+        return Anything().bind(lm.vocab)
+    if not isinstance(constraint, Constraint):
+        raise TypeError(
+            f"constraint must be an adaptrack.constraints.Constraint (for example "
+            f"constraints.choice([...]) or constraints.regex(...)) or None, got "
+            f"{constraint!r:.60} ({type(constraint).__name__})")
+    return constraint.bind(lm.vocab)
 
 
 def _fit_prompt(lm: LanguageModel, ids: list[int], max_new_tokens: int,
@@ -298,7 +320,7 @@ def generate(
         raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
     started = time.perf_counter()
     ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, truncate_prompt)
-    matcher = (constraint or Anything()).bind(lm.vocab)
+    matcher = _bind(constraint, lm)
     unconstrained = method == "unconstrained"
     if method in SEARCHES:
         _require_room(matcher, max_new_tokens)
@@ -390,7 +412,7 @@ def exact_distribution(
     seconds = _check_seconds(max_seconds)
     ff = _fast_forward(fast_forward)
     ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, False)
-    matcher = (constraint or Anything()).bind(lm.vocab)
+    matcher = _bind(constraint, lm)
     _require_room(matcher, max_new_tokens)
     tree = PrefixTree(lm, ids, matcher, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_nodes=max_nodes,
