@@ -85,3 +85,63 @@ def test_broken_constraints_fail_with_the_rule_they_break(how, rule):
 def test_a_lazy_matcher_may_list_candidates_that_advance_rejects():
     # A predicate's allowed is every token; advance decides. Eager rules would fail.
     assert_contract(C.predicate(lambda t: t in ("", "a"), lambda t: t == "a"), VOCAB)
+
+
+SURROGATE = "\ud800"  # a lone surrogate: a str that UTF-8 cannot encode
+
+BAD_ARGUMENTS = {
+    "choice_surrogate": (lambda: C.choice(["ok", "a" + SURROGATE]), ValueError,
+                         r"choice takes text encodable as UTF-8, got 'a\\ud800' \(a lone "
+                         r"surrogate at index 1\)"),
+    "choice_bytes_of_int": (lambda: C.choice(["a", 3]), TypeError,  # type: ignore[list-item]
+                            r"choice takes strings \(str or bytes\), got 3 \(int\)"),
+    "terminators_int": (lambda: C.choice(["a"], terminators=5), TypeError,  # type: ignore
+                        r"terminators takes a string, bytes, a list of them or None, got 5 "
+                        r"\(int\)"),
+    "terminators_surrogate": (lambda: C.choice(["a"], terminators=SURROGATE), ValueError,
+                              r"terminators takes text encodable as UTF-8, got '\\ud800'"),
+    "terminators_list_of_ints": (lambda: C.anything(terminators=[40]), TypeError,  # type: ignore
+                                 r"terminators takes strings or bytes, got 40 \(int\)"),
+    "terminators_predicate": (lambda: C.predicate(bool, bool, terminators=1.5),  # type: ignore
+                              TypeError, r"terminators takes .*got 1.5 \(float\)"),
+    "api_names_none": (lambda: C.api_names(None), TypeError,  # type: ignore[arg-type]
+                       r"api_names takes a list of names \(strings\), got None \(NoneType\)"),
+    "api_names_prefix_none": (lambda: C.api_names(["a"], prefix=None),  # type: ignore
+                              TypeError, r"prefix takes a string .*got None \(NoneType\)"),
+    "api_names_prefix_surrogate": (lambda: C.api_names(["a"], prefix=SURROGATE), ValueError,
+                                   r"prefix takes text encodable as UTF-8, got '\\ud800'"),
+    "api_names_terminators": (lambda: C.api_names(["a"], terminators=5),  # type: ignore
+                              TypeError, r"terminators takes .*got 5 \(int\)"),
+    "from_module_relative": (lambda: C.from_module("."), ValueError,
+                             r"from_module takes an absolute module name .*got '\.'"),
+    "from_module_relative_dotted": (lambda: C.from_module(".json"), ValueError,
+                                    r"absolute module name .*got '\.json'"),
+    "from_module_empty": (lambda: C.from_module(""), ValueError,
+                          r"absolute module name .*got ''"),
+    "from_module_not_a_name": (lambda: C.from_module(3), TypeError,  # type: ignore[arg-type]
+                               r"from_module takes a module or a module name, got 3 \(int\)"),
+    "from_module_max_depth": (lambda: C.from_module("json", max_depth="1"),  # type: ignore
+                              TypeError, r"max_depth takes an int >= 0, got '1' \(str\)"),
+    "from_module_time_limit": (lambda: C.from_module("json", time_limit=float("nan")),
+                               ValueError, r"time_limit takes seconds > 0 .*got nan"),
+    "from_module_prefix": (lambda: C.from_module("json", prefix=1),  # type: ignore[arg-type]
+                           TypeError, r"prefix takes a string .*got 1 \(int\)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ARGUMENTS))
+def test_bad_constraint_arguments_name_the_argument(name):
+    """errors.py: a bad argument is a TypeError/ValueError raised on purpose, one line, naming
+    the argument and what it got (never an accidental UnicodeEncodeError or a TypeError from
+    inside Python, which the fuzz in test_fuzz.py found)."""
+    build, error, message = BAD_ARGUMENTS[name]
+    with pytest.raises(error, match=message) as caught:
+        build()
+    assert "\n" not in str(caught.value)
+    assert type(caught.value) is error  # not a UnicodeEncodeError (a ValueError subclass)
+
+
+def test_terminators_take_strings_bytes_and_lists_of_both():
+    assert C.choice(["a"], terminators=["(", b")", bytearray(b" ")]).terminators == b" ()"
+    assert C.choice(["a"], terminators=bytearray(b"((")).terminators == b"("
+    assert C.anything(terminators="").terminators == b""

@@ -154,6 +154,42 @@ def test_predicate_errors() -> None:
         predicate(lambda t: True, lambda t: True, timeout=0)
 
 
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(("kw", "error", "message"), [
+    ({"timeout": "1"}, TypeError, r"timeout takes a number of seconds > 0 or None .*got '1' "
+                                  r"\(str\)"),
+    ({"timeout": True}, TypeError, r"timeout takes .*got True \(bool\)"),
+    ({"timeout": INF}, ValueError, r"timeout takes a finite number .*got inf"),
+    ({"timeout": -INF}, ValueError, r"timeout takes a finite number .*got -inf"),
+    ({"timeout": NAN}, ValueError, r"timeout takes a finite number .*got nan"),
+    ({"timeout": -1.0}, ValueError, r"timeout takes a finite number .*got -1.0"),
+    ({"max_timeouts": 2.0}, TypeError, r"max_timeouts must be an int >= 1 or None, got 2.0 "
+                                       r"\(float\)"),
+    ({"max_timeouts": "3"}, TypeError, r"max_timeouts must be .*got '3' \(str\)"),
+    ({"max_timeouts": True}, TypeError, r"max_timeouts must be .*got True \(bool\)"),
+    ({"max_timeouts": -1}, ValueError, r"max_timeouts must be .*got -1"),
+])
+def test_bad_timeouts_are_refused_up_front(kw, error, message) -> None:
+    """A timeout setitimer cannot take (inf) or that is not a number fails at construction,
+    not at the first check mid-sampling (the fuzz found both)."""
+    with pytest.raises(error, match=message) as caught:
+        predicate(lambda t: True, lambda t: True, **kw)
+    assert "\n" not in str(caught.value)
+
+
+def test_numeric_timeouts_of_any_kind_work() -> None:
+    """NumPy numbers count; a finite timeout too long for setitimer (1e20 s) is no limit."""
+    lm = at.TableLM([b"a", b"<eos>"], lambda p: [1, 1], eos=1)
+    for kw in ({"timeout": np.float32(5)}, {"timeout": 1e20}, {"timeout": 7},
+               {"max_timeouts": np.int64(4)}):
+        c = predicate(lambda t: len(t) <= 1, lambda t: t == "a", **kw)
+        assert isinstance(c.timeout, float) and isinstance(c.max_timeouts, int)
+        res = at.generate(lm, [], c, method="cd", seed=0, max_new_tokens=3)
+        assert res.texts == ["a"] and res.stats["check_timeouts"] == 0
+
+
 def test_predicate_exceptions_propagate() -> None:
     """A bug in the user's check is reported, never taken as 'invalid'."""
     lm = at.TableLM([b"a", b"<eos>"], lambda p: [1, 1], eos=1)

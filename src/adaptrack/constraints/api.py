@@ -16,6 +16,7 @@ sample's ``text`` (:func:`adaptrack.generate` does that).
 from __future__ import annotations
 
 import importlib
+import numbers
 import pkgutil
 import sys
 import time
@@ -24,7 +25,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterable
 
-from .base import terminator_bytes
+from .base import show, terminator_bytes, utf8
 from .choice import Choice
 
 _IDENT_BYTES = frozenset(
@@ -61,6 +62,28 @@ def check_name(name: str) -> str:
     return name
 
 
+def _check_prefix(prefix: str) -> str:
+    """``prefix`` if it is text UTF-8 can encode, else a TypeError/ValueError naming it."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix takes a string (\".\" or \"\"), got {show(prefix)} "
+                        f"({type(prefix).__name__})")
+    utf8(prefix, "prefix")
+    return prefix
+
+
+def _names(names: Iterable[str], what: str) -> list[str]:
+    """The checked ``names``; a single string or a non-iterable is a TypeError."""
+    if isinstance(names, str | bytes):
+        raise TypeError(f"{what} takes a list of names, got the single string {show(names)}: "
+                        f"pass [{show(names)}]")
+    try:
+        items = list(names)
+    except TypeError:
+        raise TypeError(f"{what} takes a list of names (strings), got {show(names)} "
+                        f"({type(names).__name__})") from None
+    return [check_name(n) for n in items]
+
+
 def api_names(
     names: Iterable[str],
     *,
@@ -90,10 +113,8 @@ def api_names(
     ...
     ValueError: '2d' is not a dotted Python name: part 1 ('2d') is not an identifier
     """
-    if isinstance(names, str | bytes):
-        raise TypeError(f"api_names takes a list of names, got the single string {names!r}: "
-                        f"pass [{names!r}]")
-    checked = [check_name(n) for n in names]
+    checked = _names(names, "api_names")
+    _check_prefix(prefix)
     if not checked:
         raise ValueError("api_names needs at least one name, got none")
     return Choice([prefix + n for n in checked], terminator_bytes(terminators))
@@ -116,10 +137,10 @@ class ApiNames(Choice):
         prefix: str = ".",
         terminators: str | bytes | Iterable[str] | None = API_TERMINATORS,
     ) -> None:
-        self.names: list[str] = sorted({check_name(n) for n in names})
+        self.names: list[str] = sorted(set(_names(names, "ApiNames")))
         self.module = module
         self.errors: list[tuple[str, str]] = list(errors)
-        self.prefix = prefix
+        self.prefix = _check_prefix(prefix)
         super().__init__([prefix + n for n in self.names], terminator_bytes(terminators))
 
     def __repr__(self) -> str:
@@ -165,23 +186,49 @@ def from_module(
     attribute access raises is left out and reported in ``.errors``, and when
     ``time_limit`` seconds have passed the listing stops with what it has and says so in
     ``.errors`` (an import that is under way is not interrupted). A root module that cannot
-    be imported raises its ImportError.
+    be imported raises its ImportError; a relative or empty name (``"."``, ``".json"``,
+    ``"json."``) is a ValueError, since there is no package to resolve it against.
+    ``time_limit`` may be ``math.inf`` (no limit).
 
     >>> c = from_module("json")
     >>> [n for n in c.names if n.startswith(("dump", "decoder.JSONDe"))]
     ['decoder.JSONDecodeError', 'decoder.JSONDecoder', 'dump', 'dumps']
     >>> c.strings[:2], c.errors
     ([b'.JSONDecodeError', b'.JSONDecoder'], [])
+    >>> from_module(".")
+    Traceback (most recent call last):
+    ...
+    ValueError: from_module takes an absolute module name such as 'numpy.linalg', got '.' ...
     """
+    if isinstance(module, str):
+        if not all(module.split(".")):
+            raise ValueError(
+                f"from_module takes an absolute module name such as 'numpy.linalg', got "
+                f"{show(module)} (a relative or empty name has no package to resolve against)")
+    elif not isinstance(module, types.ModuleType):
+        raise TypeError(f"from_module takes a module or a module name, got {show(module)} "
+                        f"({type(module).__name__})")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, numbers.Integral):
+        raise TypeError(f"max_depth takes an int >= 0, got {show(max_depth)} "
+                        f"({type(max_depth).__name__})")
     if max_depth < 0:
-        raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+        raise ValueError(f"max_depth takes an int >= 0, got {max_depth}")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real):
+        raise TypeError(f"time_limit takes seconds > 0 (a number), got {show(time_limit)} "
+                        f"({type(time_limit).__name__})")
+    if not time_limit > 0:  # NaN too: no deadline would ever pass
+        raise ValueError(f"time_limit takes seconds > 0 (math.inf: no limit), got {time_limit}")
+    _check_prefix(prefix)
+    terminators = terminator_bytes(terminators)
     deadline = time.monotonic() + time_limit
     errors: list[tuple[str, str]] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         root = importlib.import_module(module) if isinstance(module, str) else module
         if not isinstance(root, types.ModuleType):
-            raise TypeError(f"from_module needs a module or a module name, got {module!r}")
+            # sys.modules may hold any object under a name (a lazy-module shim, say).
+            raise TypeError(f"from_module takes a module or a module name, got {show(module)}, "
+                            f"which imports as {type(root).__name__}, not a module")
         top = root.__name__.split(".")[0]
 
         def belongs(obj: types.ModuleType) -> bool:

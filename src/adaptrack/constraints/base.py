@@ -28,16 +28,70 @@ class _Done:
 DONE: State = _Done()
 
 
+def show(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message: one line, cut to ``limit`` characters.
+
+    >>> print(show("x" * 100, limit=8))
+    'xxxxxxx...
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def utf8(text: str, what: str) -> bytes:
+    """``text`` encoded as UTF-8; a lone surrogate (which UTF-8 cannot encode) is a ValueError
+    that names ``what`` and the string.
+
+    >>> utf8("é", "choice")
+    b'\\xc3\\xa9'
+    >>> utf8("a\\ud800", "choice")
+    Traceback (most recent call last):
+    ...
+    ValueError: choice takes text encodable as UTF-8, got 'a\\ud800' (a lone surrogate at index 1)
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{what} takes text encodable as UTF-8, got {show(text)} (a lone "
+                         f"surrogate at index {err.start})") from None
+
+
 def terminator_bytes(terminators: str | bytes | Iterable[str] | None) -> bytes:
-    """Normalize a terminator spec ("(", b"(\\n", ["(", " "]) to a sorted byte string."""
+    """Normalize a terminator spec ("(", b"(\\n", ["(", " "]) to a sorted byte string.
+
+    Each byte of the UTF-8 text is a terminator. Anything but a string, bytes, an iterable of
+    those, or ``None`` is a TypeError, and text UTF-8 cannot encode a ValueError.
+
+    >>> terminator_bytes(["(", b" ", ")"])
+    b' ()'
+    >>> terminator_bytes(5)
+    Traceback (most recent call last):
+    ...
+    TypeError: terminators takes a string, bytes, a list of them or None, got 5 (int)
+    """
     if terminators is None:
         return b""
     if isinstance(terminators, str):
-        data = terminators.encode()
-    elif isinstance(terminators, bytes):
-        data = terminators
+        data = utf8(terminators, "terminators")
+    elif isinstance(terminators, bytes | bytearray):
+        data = bytes(terminators)
     else:
-        data = b"".join(t.encode() if isinstance(t, str) else bytes(t) for t in terminators)
+        try:
+            items = list(terminators)
+        except TypeError:
+            raise TypeError("terminators takes a string, bytes, a list of them or None, got "
+                            f"{terminators!r} ({type(terminators).__name__})") from None
+        parts = []
+        for item in items:
+            if isinstance(item, str):
+                parts.append(utf8(item, "terminators"))
+            elif isinstance(item, bytes | bytearray):
+                parts.append(bytes(item))
+            else:
+                # bytes(3) would be three zero bytes, never what a caller meant.
+                raise TypeError("terminators takes strings or bytes, got "
+                                f"{item!r} ({type(item).__name__}) among them")
+        data = b"".join(parts)
     return bytes(sorted(set(data)))
 
 

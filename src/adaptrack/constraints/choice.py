@@ -10,7 +10,7 @@ import numpy as np
 
 from ..cache import LRU
 from ..tokenization.vocab import Vocabulary, trie_insert
-from .base import DONE, Constraint, Matcher, State, terminator_bytes
+from .base import DONE, Constraint, Matcher, State, show, terminator_bytes, utf8
 
 
 class Choice(Constraint):
@@ -69,7 +69,8 @@ def choice(
 
 
 def _as_bytes(strings: Iterable[str | bytes], what: str = "choice") -> list[bytes]:
-    """``strings`` as byte strings; a single string or a non-string item is a TypeError."""
+    """``strings`` as byte strings; a single string or a non-string item is a TypeError, a
+    string UTF-8 cannot encode (a lone surrogate) a ValueError naming it."""
     if isinstance(strings, str | bytes | bytearray):
         raise TypeError(
             f"{what} takes a list of strings, got the single string {strings!r}: pass "
@@ -81,11 +82,11 @@ def _as_bytes(strings: Iterable[str | bytes], what: str = "choice") -> list[byte
     out = []
     for item in items:
         if isinstance(item, str):
-            out.append(item.encode())
+            out.append(utf8(item, what))
         elif isinstance(item, bytes | bytearray):
             out.append(bytes(item))
         else:
-            raise TypeError(f"{what} takes strings (str or bytes), got {item!r} "
+            raise TypeError(f"{what} takes strings (str or bytes), got {show(item)} "
                             f"({type(item).__name__}) among them")
     return out
 

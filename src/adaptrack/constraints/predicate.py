@@ -10,6 +10,8 @@ recorded in ``stats()``.
 
 from __future__ import annotations
 
+import math
+import numbers
 import signal
 import threading
 import time
@@ -20,7 +22,11 @@ import numpy as np
 
 from ..errors import SearchTimeoutError
 from ..tokenization.vocab import Vocabulary
-from .base import DONE, Constraint, Matcher, State, terminator_bytes
+from .base import DONE, Constraint, Matcher, State, show, terminator_bytes
+
+#: The longest alarm :meth:`PredicateMatcher._ask` sets (about 31.7 years): ``setitimer``
+#: overflows past about 9.2e9 s, and a longer finite timeout cannot fire in practice.
+_MAX_ALARM = 1e9
 
 Check = Callable[[str], bool]
 
@@ -39,13 +45,17 @@ class Predicate(Constraint):
     ``is_complete`` holds; with ``terminators``, a token that holds one ends it and
     ``is_complete`` sees the text up to and including that byte.
 
-    ``timeout`` (seconds, ``None``: no limit) bounds each call. In the main thread a check is
-    interrupted when it runs over (SIGALRM, so pure-Python checks stop; a C call that does
-    not return to Python cannot be cut short); elsewhere it runs to the end and counts as
-    timed out afterwards. A timed-out token is invalid for the rest of the run. After
-    ``max_timeouts`` timed-out checks (default 10; ``None``: no limit) the matcher raises
-    :class:`~adaptrack.errors.SearchTimeoutError`: a check that always times out would
-    otherwise be asked about every token at every prefix.
+    ``timeout`` (a finite number of seconds > 0, or ``None`` for no limit) bounds each call.
+    In the main thread a check is interrupted when it runs over (SIGALRM, so pure-Python
+    checks stop; a C call that does not return to Python cannot be cut short); elsewhere it
+    runs to the end and counts as timed out afterwards. A timed-out token is invalid for the
+    rest of the run. After ``max_timeouts`` timed-out checks (default 10; ``None``: no limit)
+    the matcher raises :class:`~adaptrack.errors.SearchTimeoutError`: a check that always
+    times out would otherwise be asked about every token at every prefix.
+
+    A ``timeout`` that is not a number (``"1"``, ``True``) is a TypeError; zero, negative,
+    NaN or infinite a ValueError (pass ``None`` for no limit). ``max_timeouts`` takes an int
+    >= 1 or ``None``, checked the same way.
 
     Both callables must return a ``bool`` (a NumPy bool too); any other value raises
     ``TypeError`` naming the callable, so that ``"no"`` or ``None`` is never taken as an
@@ -69,18 +79,30 @@ class Predicate(Constraint):
         timeout: float | None = 60.0,
         max_timeouts: int | None = 10,
     ) -> None:
-        if not callable(prefix_ok) or not callable(is_complete):
-            raise TypeError("predicate needs two callables: prefix_ok(text) and is_complete(text)")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be positive seconds or None, got {timeout}")
-        if max_timeouts is not None and (isinstance(max_timeouts, bool)
-                                         or not isinstance(max_timeouts, int)
-                                         or max_timeouts < 1):
-            raise ValueError(f"max_timeouts must be an int >= 1 or None, got {max_timeouts!r}")
+        for role, check in (("prefix_ok", prefix_ok), ("is_complete", is_complete)):
+            if not callable(check):
+                raise TypeError("predicate needs two callables: prefix_ok(text) and "
+                                f"is_complete(text); {role} is {show(check)} "
+                                f"({type(check).__name__})")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError("timeout takes a number of seconds > 0 or None (no limit), got "
+                                f"{show(timeout)} ({type(timeout).__name__})")
+            if not (math.isfinite(timeout) and timeout > 0):
+                raise ValueError("timeout takes a finite number of seconds > 0 or None (no "
+                                 f"limit), got {timeout!r}")
+            timeout = float(timeout)
+        if max_timeouts is not None:
+            if isinstance(max_timeouts, bool) or not isinstance(max_timeouts, numbers.Integral):
+                raise TypeError("max_timeouts must be an int >= 1 or None, got "
+                                f"{show(max_timeouts)} ({type(max_timeouts).__name__})")
+            if max_timeouts < 1:
+                raise ValueError(f"max_timeouts must be an int >= 1 or None, got {max_timeouts!r}")
+            max_timeouts = int(max_timeouts)
         self.prefix_ok, self.is_complete = prefix_ok, is_complete
         self.terminators = terminator_bytes(terminators)
-        self.timeout = timeout
-        self.max_timeouts = max_timeouts
+        self.timeout: float | None = timeout
+        self.max_timeouts: int | None = max_timeouts
 
     def bind(self, vocab: Vocabulary) -> Matcher:
         return PredicateMatcher(self, vocab)
@@ -215,7 +237,7 @@ class PredicateMatcher(Matcher):
         try:
             if self._can_interrupt():
                 with self.checking():
-                    signal.setitimer(signal.ITIMER_REAL, timeout)
+                    signal.setitimer(signal.ITIMER_REAL, min(timeout, _MAX_ALARM))
                     self._armed = True
                     try:
                         verdict = check(text)
