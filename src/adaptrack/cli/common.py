@@ -260,8 +260,9 @@ def constraint_from_args(args: argparse.Namespace) -> constraints.Constraint | N
             # An imported module may print; stdout is for the result alone.
             with stdout_to_stderr():
                 found = constraints.from_module(args.api_module)
-        except ImportError as err:
-            raise UsageError(f"cannot import module {args.api_module!r}: {err}") from None
+        except (ImportError, ValueError) as err:
+            raise UsageError(f"--api-module: cannot import module {args.api_module!r}: "
+                             f"{err}") from None
         for where, error in found.errors:
             print(f"adaptrack: warning: {where}: {error}", file=sys.stderr)
         if not found.names:
