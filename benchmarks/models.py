@@ -51,7 +51,7 @@ import torch
 from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
-from adaptrack.demo import FIGURE3_PROMPT, figure3_constraint
+from adaptrack.eval.tfv1 import FIGURE3_PROMPT, figure3_constraint
 
 SECTIONS = ("decode", "generate", "shared", "calls", "threads")
 DEFAULT_SECTIONS = SECTIONS

@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="the default model runs on the transformers 
 pytest.importorskip("transformers", reason="the default model runs on transformers")
 
 import adaptrack as at
-from adaptrack.demo import FIGURE3_PROMPT, TF2_NAMES, figure3_constraint
+from adaptrack.eval.tfv1 import FIGURE3_PROMPT, TF2_NAMES, figure3_constraint
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,12 @@ def test_vocabulary_facts(lm):
     assert lm.vocab.bytes_of(198) == b"\n"
     text = "def f(x):\n    return x ** 2  # café ✓"
     assert lm.vocab.decode(lm.encode(text)) == text.encode()
+
+
+def test_context_length_is_enforced(lm):
+    assert lm.context_length == 8192
+    with pytest.raises(at.PromptTooLongError, match=r"8304 tokens exceeds .* 8192"):
+        lm.next_logprobs([(28,) * 8304])  # refused at once, not evaluated for minutes
 
 
 def test_figure3_first_step_and_greedy_cd(lm):

@@ -21,18 +21,18 @@ What "equal" can mean with llama.cpp (0.3.36, CPU, the Q4_1 default model), meas
 
 from __future__ import annotations
 
+import ctypes
 import random
 import sys
+from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
 
-from adaptrack.errors import ModelLoadError
+from adaptrack.errors import BackendError, ModelLoadError, PromptTooLongError
 from adaptrack.lm.default import default_gguf
 from adaptrack.lm.llamacpp import LlamaCppLM
-
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                    "(pip install 'adaptrack[llamacpp]')")
 
 EXACT = 1e-3
 NOISE_TV, NOISE_NATS = 0.15, 1.0
@@ -50,6 +50,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def path() -> str:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
+                        "(pip install 'adaptrack[llamacpp]')")
     try:
         return str(default_gguf(download=False))
     except ModelLoadError as e:
@@ -174,8 +176,9 @@ def test_shapes_and_normalization(lm: LlamaCppLM) -> None:
 
 
 def test_errors(lm: LlamaCppLM, tmp_path, monkeypatch) -> None:
-    with pytest.raises(ValueError, match="n_ctx=512"):
+    with pytest.raises(PromptTooLongError, match=r"513 tokens exceeds .* larger n_ctx .*n_ctx=512"):
         lm.next_logprobs([(100,) * 513])
+    assert lm.context_length == 512
     with pytest.raises(ValueError, match="non-empty"):
         lm.next_logprobs([()])
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -219,3 +222,57 @@ def test_logprobs_along_many_in_one_decode(path: str, fresh) -> None:
         assert rows.shape == (len(chain) + 1, lm.vocab.size)
         for i in range(len(chain) + 1):
             assert close(rows[i], fresh(prefix + chain[:i]))
+
+
+def fake_llama_cpp(n_ctx_train: int, decode_status: int) -> mock.MagicMock:
+    """A stand-in for llama-cpp-python's low-level API: a 4-token vocabulary (``a``, ``b``,
+    ``c``, EOS 3) whose ``llama_decode`` returns ``decode_status``. It runs the backend's
+    own checks where llama-cpp-python is not installed."""
+    ll = mock.MagicMock()
+    ll.llama_token = ll.llama_pos = ll.llama_seq_id = ctypes.c_int32
+    ll.llama_batch = lambda *args: SimpleNamespace(n_tokens=0)
+    ll.LLAMA_TOKEN_ATTR_CONTROL, ll.LLAMA_TOKEN_ATTR_UNKNOWN, ll.LLAMA_TOKEN_ATTR_UNUSED = 1, 2, 4
+    ll.llama_vocab_n_tokens.return_value = 4
+    ll.llama_vocab_is_eog.side_effect = lambda v, t: t == 3
+    ll.llama_vocab_eos.return_value, ll.llama_vocab_eot.return_value = 3, -1
+    ll.llama_vocab_get_attr.return_value = 0
+    ll.llama_vocab_bos.return_value, ll.llama_vocab_get_add_bos.return_value = -1, 0
+    ll.llama_model_is_recurrent.return_value = ll.llama_model_is_hybrid.return_value = False
+    ll.llama_model_n_ctx_train.return_value = n_ctx_train
+
+    def piece(vocab, token, buf, size, lstrip, special):
+        buf[0] = b"abc"[token : token + 1]
+        return 1
+
+    ll.llama_token_to_piece.side_effect = piece
+    ll.llama_decode.return_value = decode_status
+    return ll
+
+
+@pytest.mark.parametrize(("n_ctx_train", "want", "hint"),
+                         [(8192, 16, "larger n_ctx .now n_ctx=16, up to its trained context of "
+                           "8192"), (8, 8, "trained on 8 tokens .n_ctx=16.")])
+def test_context_length_without_llama_cpp(tmp_path, monkeypatch, n_ctx_train, want, hint):
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake_llama_cpp(n_ctx_train, 0))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    lm = LlamaCppLM(tmp_path / "m.gguf", n_ctx=16)
+    assert lm.context_length == want and lm.vocab.size == 4
+    with pytest.raises(PromptTooLongError, match=f"{want + 1} tokens exceeds .*{hint}"):
+        lm.next_logprobs([(0,) * (want + 1)])
+    with pytest.raises(PromptTooLongError):
+        lm.logprobs_along((0,) * want, (1,))
+
+
+@pytest.mark.parametrize(("status", "message"),
+                         [(-1, r"^llama.cpp: llama_decode failed with status -1 \(its cache was "
+                           r"cleared; verbose=True shows llama.cpp's log\)$"),
+                          (1, r"^llama.cpp found no KV room for 2 tokens \(n_ctx=16\); load "
+                           r"the model with a larger n_ctx$")])
+def test_llama_decode_failures_are_backend_errors(tmp_path, monkeypatch, status, message):
+    ll = fake_llama_cpp(8192, status)
+    monkeypatch.setitem(sys.modules, "llama_cpp", ll)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    lm = LlamaCppLM(tmp_path / "m.gguf", n_ctx=16)
+    with pytest.raises(BackendError, match=message):
+        lm.next_logprobs([(0, 1)])
+    assert ll.llama_memory_clear.called == (status == -1)

@@ -62,11 +62,16 @@ def test_vocabulary_from_the_tokenizer_and_the_model(tiny):
     assert lm.vocab.decode(lm.encode(text)) == text.encode()
 
 
-@pytest.mark.parametrize("max_states", [1, 3, 64])
-def test_cached_logprobs_equal_a_fresh_forward_along_random_tree_walks(tiny, max_states):
+STATE = 2 * 2 * 2 * 16 * 4  # bytes per token of a state: K and V, 2 layers, 2 heads of 16, fp32
+
+
+@pytest.mark.parametrize(("max_states", "kv_bytes"),
+                         [(1, 1 << 30), (3, 1 << 30), (64, 1 << 30), (64, 40 * STATE), (64, 0)])
+def test_cached_logprobs_equal_a_fresh_forward_along_random_tree_walks(tiny, max_states,
+                                                                       kv_bytes):
     model, tok = tiny
-    lm = TransformersLM(model, tok, max_states=max_states, max_batch=4)
-    rng = random.Random(max_states)
+    lm = TransformersLM(model, tok, max_states=max_states, max_batch=4, kv_cache_bytes=kv_bytes)
+    rng = random.Random(max_states + kv_bytes)
     width = lm.vocab.size
     seen = [tuple(rng.randrange(width) for _ in range(5))]
     worst = 0.0
@@ -82,8 +87,57 @@ def test_cached_logprobs_equal_a_fresh_forward_along_random_tree_walks(tiny, max
         got = lm.next_logprobs(batch)
         for prefix, row in zip(batch, got, strict=True):
             worst = max(worst, float(np.abs(row - fresh(model, list(prefix))).max()))
+        assert lm.kv_cache_bytes_used <= kv_bytes
     assert worst < 1e-4
-    assert lm.fed_tokens < sum(len(p) for p in seen)  # the states were reused
+    if kv_bytes:
+        assert lm.fed_tokens < sum(len(p) for p in seen)  # the states were reused
+    else:
+        assert lm.fed_tokens == sum(len(p) for p in seen[1:]) and not lm.reuse
+
+
+def pinned_bytes(lm):
+    """Bytes of every storage the kept states hold on to (a view pins all of its storage)."""
+    storages = {}
+    for _, kv in lm._states.items():
+        for pair in kv:
+            for t in pair:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def test_kept_states_own_their_storage_and_are_bounded_in_bytes(tiny):
+    """A kept state of one row of a batch must not keep the whole batch's cache alive, and
+    the states together stay within kv_cache_bytes."""
+    model, tok = tiny
+    lm = TransformersLM(model, tok, kv_cache_bytes=100 * STATE)
+    prompt = tuple(range(10, 30))
+    lm.next_logprobs([prompt + (i,) * (1 + 3 * i) for i in range(4)])  # 21..30 tokens
+    assert pinned_bytes(lm) == lm.kv_cache_bytes_used <= 100 * STATE
+    assert sorted(len(p) for p, _ in lm._states.items()) == [24, 27, 30]  # 21 did not fit
+    lm.next_logprobs([prompt + (3,) * 10 + (5,)])  # reuses the 30-token state
+    assert lm.fed_tokens == 21 + 24 + 27 + 30 + 1
+    assert pinned_bytes(lm) == lm.kv_cache_bytes_used <= 100 * STATE
+
+
+def test_bad_cache_options_are_value_errors(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="kv_cache_bytes must be an int >= 0, got -1"):
+        TransformersLM(model, tok, kv_cache_bytes=-1)
+    with pytest.raises(ValueError, match="max_batch must be an int >= 1, got 0"):
+        TransformersLM(model, tok, max_batch=0)
+
+
+def test_context_length_comes_from_the_config_and_is_enforced(tiny):
+    model, tok = tiny
+    lm = TransformersLM(model, tok)
+    assert lm.context_length == 512
+    assert at.TableLM([b"a", b"b"], lambda p: [1, 1]).context_length is None
+    with pytest.raises(at.PromptTooLongError, match=r"513 tokens exceeds .* context of 512"):
+        lm.next_logprobs([(5,) * 513])
+    with pytest.raises(at.PromptTooLongError, match="513 tokens"):
+        lm.logprobs_along((5,) * 510, (6, 7, 8))
+    assert lm.forward_calls == 0  # refused before any model work
+    assert lm.next_logprobs([(5,) * 512]).shape == (1, lm.vocab.size)
 
 
 def test_reuse_feeds_only_new_tokens(tiny):
@@ -164,3 +218,42 @@ def test_logprobs_along_many_batches_chains_of_different_lengths(tiny):
         assert rows.shape == (len(chain) + 1, lm.vocab.size)
         for i in range(len(chain) + 1):
             assert np.abs(rows[i] - fresh(model, list(prefix + chain[:i]))).max() < 1e-4
+
+
+def test_a_directory_that_is_not_a_model_is_named_as_such(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(at.ModelLoadError, match=r"is not a model directory: it has no "
+                       r"config\.json; pass a Hugging Face model directory"):
+        at.load_model(tmp_path)
+    (tmp_path / "m.gguf").write_bytes(b"")
+    with pytest.raises(at.ModelLoadError, match=r"no config\.json; it holds m\.gguf: pass"):
+        at.load_model(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(at.ModelLoadError, match="has no tokenizer"):
+        at.load_model(tmp_path)
+
+
+def test_an_unknown_model_id_fails_fast_when_the_hub_is_unreachable(monkeypatch):
+    """Without this check transformers retries the download for about 50 s."""
+    import huggingface_hub
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    with pytest.raises(at.ModelLoadError, match=r"'nobody/nothing' is not a local directory "
+                       r"and not in the Hugging Face cache .* hub is unreachable .* "
+                       r"HF_HUB_OFFLINE=1"):
+        at.load_model("nobody/nothing", device="cpu")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(at.ModelLoadError, match="HF_HUB_OFFLINE is set"):
+        at.load_model("nobody/nothing", device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(at.ModelLoadError, match=r"^device='cuda' but torch sees no CUDA device; "
+                       r"use device='cpu'$"):
+        at.load_model(tmp_path, device="cuda")

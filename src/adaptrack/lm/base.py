@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import ModelOutputError
+from ..errors import ModelOutputError, PromptTooLongError
 from ..tokenization.vocab import Vocabulary
 
 Prefix = tuple[int, ...]
@@ -36,10 +36,17 @@ class LanguageModel(ABC):
     Subclasses implement :meth:`_next_logprobs` and :meth:`encode`; callers use
     :meth:`next_logprobs`, which checks shapes and counts every prefix evaluated in
     ``calls`` (the samplers' ``lm_calls`` stat counts distinct prefixes per ``generate``).
+    ``context_length`` is the longest prefix (prompt and new tokens) the model takes, or
+    ``None`` when unknown or unbounded; ``generate`` refuses prompts that do not fit
+    (docs/design.md §6) and backends refuse longer prefixes with
+    :class:`~adaptrack.errors.PromptTooLongError`.
     """
 
     vocab: Vocabulary
     calls: int = 0
+    context_length: int | None = None
+    _context_hint = ("shorten the prompt (generate(truncate_prompt=True) keeps its end) or "
+                     "lower max_new_tokens")
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -64,6 +71,7 @@ class LanguageModel(ABC):
     ) -> list[np.ndarray]:
         """:meth:`logprobs_along` for several (prefix, tokens) pairs in one batch."""
         reqs = [(tuple(p), tuple(int(t) for t in toks)) for p, toks in requests]
+        self._check_lengths([len(p) + len(toks) for p, toks in reqs])
         out = [np.asarray(a, dtype=np.float64) for a in self._logprobs_along_many(reqs)]
         for (_, toks), rows in zip(reqs, out, strict=True):
             if rows.shape != (len(toks) + 1, self.vocab.size):
@@ -80,6 +88,16 @@ class LanguageModel(ABC):
         ends = np.cumsum([len(toks) + 1 for _, toks in requests])[:-1]
         return list(np.split(np.asarray(rows), ends))
 
+    def _check_lengths(self, lengths: Sequence[int]) -> None:
+        """Refuse prefixes longer than ``context_length`` (a guard for direct callers:
+        ``generate`` checks the prompt before any model work)."""
+        limit = self.context_length
+        if limit is not None and lengths and max(lengths) > limit:
+            raise PromptTooLongError(
+                f"a prefix of {max(lengths)} tokens exceeds {type(self).__name__}'s context "
+                f"of {limit} tokens; {self._context_hint}"
+            )
+
     def text_tokens(self, text: str) -> list[int]:
         """Token ids of ``text`` without BOS or other special tokens: the canonical
         tokenization fast-forward compares against."""
@@ -91,6 +109,7 @@ class LanguageModel(ABC):
 
     def next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         """Normalized next-token log-probs for each full prefix (prompt ids included)."""
+        self._check_lengths([len(p) for p in prefixes])
         out = np.asarray(self._next_logprobs(prefixes), dtype=np.float64)
         if out.shape != (len(prefixes), self.vocab.size):
             raise ModelOutputError(

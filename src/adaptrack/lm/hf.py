@@ -1,24 +1,25 @@
 """Hugging Face transformers backend: batched log-probs with a KV cache that follows the tree.
 
 Samplers ask for prefixes that mostly extend, or branch off, prefixes asked for before. The
-backend keeps the key/value tensors of recent prefixes (``max_states`` of them, least
-recently used dropped first); a new prefix starts from the kept state with the longest
-common prefix, cropped to it, and only the remaining tokens are fed. Several prefixes go in
-one forward pass: the kept states are left-padded to a common length and the new tokens
-right-padded, with an attention mask and explicit positions, so each row computes exactly
-what a lone forward over its prefix would (within float rounding, tested to 1e-4).
+backend keeps the key/value tensors of recent prefixes (at most ``max_states`` of them and
+``kv_cache_bytes`` in all, least recently used dropped first; each kept state owns its own
+storage, so dropping it frees its memory); a new prefix starts from the kept state with the
+longest common prefix, cropped to it, and only the remaining tokens are fed. Several
+prefixes go in one forward pass: the kept states are left-padded to a common length and the
+new tokens right-padded, with an attention mask and explicit positions, so each row computes
+exactly what a lone forward over its prefix would (within float rounding, tested to 1e-4).
 
 Models with sliding-window layers (whose caches cannot be cropped) are run without reuse.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
 from .base import LanguageModel, Prefix, common_prefix
 
@@ -29,19 +30,68 @@ except ImportError:  # pragma: no cover - the error is raised by load_model
 
 KV = list[tuple[Any, Any]]  # per layer (keys, values), each (1, heads, length, head_dim)
 
+KV_CACHE_BYTES = 1 << 30
+# Config fields that name the longest sequence a model was built for, in the order tried.
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length",
+                   "seq_length", "n_ctx")
+
+
+def context_length(config: Any) -> int | None:
+    """The longest sequence a transformers config declares, or ``None`` if it names none.
+
+    >>> from types import SimpleNamespace
+    >>> context_length(SimpleNamespace(max_position_embeddings=8192))
+    8192
+    >>> context_length(SimpleNamespace()) is None
+    True
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in _CONTEXT_FIELDS:
+        value = getattr(text, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _kv_bytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+def _owned(kv: KV) -> KV:
+    """``kv`` in storage of its own: a slice of a batch's cache would keep the whole batch's
+    tensors alive for as long as the state is kept. A state that already fills its storage
+    (a lone row) is kept as is; otherwise all layers go into one new tensor (one copy)."""
+    k0 = kv[0][0]
+    if all(t.untyped_storage().nbytes() == t.numel() * t.element_size()
+           for pair in kv for t in pair):
+        return kv
+    if all(t.shape == k0.shape and t.dtype == k0.dtype for pair in kv for t in pair):
+        both = torch.stack([t for pair in kv for t in pair])
+        return [(both[2 * i], both[2 * i + 1]) for i in range(len(kv))]
+    return [(k.clone(), v.clone()) for k, v in kv]
+
 
 class TransformersLM(LanguageModel):
     """A causal LM from ``transformers`` as an adaptrack model.
 
     ``model`` and ``tokenizer`` are already loaded (``load_model`` does that);
-    ``max_batch`` bounds the rows of one forward pass, ``max_states`` the kept KV states;
+    ``max_batch`` bounds the rows of one forward pass; ``max_states`` and
+    ``kv_cache_bytes`` (default 1 GiB, on the model's device) bound the kept KV states, by
+    count and by bytes (``kv_cache_bytes_used``; 0 turns reuse off). A state costs its
+    prefix length times 2 x layers x KV heads x head size x bytes per number: 46 KB per
+    token for SmolLM2-135M in float32, 128 KB for an 8B Llama 3 in float16.
+    ``context_length`` comes from the config (``max_position_embeddings`` or the like).
     ``vocab`` overrides the token bytes read from the tokenizer.
     Use :func:`adaptrack.load_model` rather than building one by hand.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
-                 max_states: int = 64, name: str | None = None,
-                 vocab: Vocabulary | None = None) -> None:
+                 max_states: int = 64, kv_cache_bytes: int = KV_CACHE_BYTES,
+                 name: str | None = None, vocab: Vocabulary | None = None) -> None:
+        for arg, value, least in (("max_batch", max_batch, 1), ("max_states", max_states, 1),
+                                  ("kv_cache_bytes", kv_cache_bytes, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{arg} must be an int >= {least}, got {value!r}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.name = name or getattr(model.config, "_name_or_path", type(model).__name__)
         if vocab is None:
@@ -53,16 +103,22 @@ class TransformersLM(LanguageModel):
         self.vocab = vocab
         self.device = next(model.parameters()).device
         self.max_batch, self.max_states = max_batch, max_states
+        self.context_length = context_length(model.config)
         types = getattr(model.config, "layer_types", None) or ()
         self.reuse = not any("sliding" in str(t) for t in types) and not getattr(
-            model.config, "use_sliding_window", False)
-        self._states: OrderedDict[Prefix, KV] = OrderedDict()
+            model.config, "use_sliding_window", False) and kv_cache_bytes > 0
+        self._states: LRU[Prefix, KV] = LRU(kv_cache_bytes, size=_kv_bytes)
         self.forward_calls = 0  # forward passes (a pass may serve several prefixes)
         self.fed_tokens = 0  # tokens fed through the model, prompt and re-feeds included
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, with the BOS token exactly when the tokenizer adds one."""
         return list(self.tokenizer.encode(text))
+
+    @property
+    def kv_cache_bytes_used(self) -> int:
+        """Bytes of the KV states kept now (at most ``kv_cache_bytes``)."""
+        return self._states.used
 
     def clear_cache(self) -> None:
         """Forget every kept KV state (frees their memory)."""
@@ -183,11 +239,14 @@ class TransformersLM(LanguageModel):
             lo, hi = width - kept[r], width + len(new[r])
             kv = [(layer.keys[r:r + 1, :, lo:hi], layer.values[r:r + 1, :, lo:hi])
                   for layer in cache.layers]
-            self._states.pop(prefix, None)
-            self._states[prefix] = kv
+            self._states.put(prefix, _owned(kv), trim=False)
         # A source that the new prefix extends is subsumed by it: cropping gives it back.
+        # One it branched off stays, as recently used (a shared prompt's state is one).
         for prefix, source in zip(prefixes, sources, strict=True):
             if len(source) < len(prefix) and prefix[: len(source)] == source:
-                self._states.pop(source, None)
+                self._states.pop(source)
+            elif source:
+                self._states.get(source)
+        self._states.trim()
         while len(self._states) > self.max_states:
-            self._states.popitem(last=False)
+            self._states.pop(next(self._states.keys()))

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from ..errors import BackendError, ModelLoadError
 from ..tokenization.vocab import Vocabulary
 from .base import LanguageModel, Prefix, common_prefix
 
@@ -53,10 +53,12 @@ class LlamaCppLM(LanguageModel):
     """A GGUF model run by llama.cpp on the CPU (or what llama-cpp-python was built for).
 
     ``n_ctx`` is the number of KV cells, shared by all ``max_slots`` kept prefixes (shared
-    prefixes share cells) and the longest prefix allowed; ``n_threads`` defaults to half
-    the cores, like llama-cpp-python. ``verbose=False`` silences llama.cpp's log below
-    errors (a process-wide setting of the ``llama-cpp-python`` logger). ``vocab.eos_ids``
-    are llama.cpp's end-of-generation tokens (0, 2 and 4 for the default model). Counters:
+    prefixes share cells), allocated once: the KV memory is fixed by it. ``context_length``,
+    the longest prefix allowed, is ``n_ctx`` or the model's trained context if that is
+    shorter. ``n_threads`` defaults to half the cores, like llama-cpp-python.
+    ``verbose=False`` silences llama.cpp's log below errors (a process-wide setting of the
+    ``llama-cpp-python`` logger). ``vocab.eos_ids`` are llama.cpp's end-of-generation
+    tokens (0, 2 and 4 for the default model). Counters:
     ``decode_calls`` and ``fed_tokens``. Not thread-safe.
     """
 
@@ -92,6 +94,15 @@ class LlamaCppLM(LanguageModel):
             ll.llama_model_free(model)
             raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}) for {path}")
         self._ctx, self._mem = ctx, ll.llama_get_memory(ctx)
+        n_ctx_train = getattr(ll, "llama_model_n_ctx_train", None)
+        trained = int(n_ctx_train(model)) if n_ctx_train is not None else 0
+        self.context_length = min(n_ctx, trained) if trained > 0 else n_ctx
+        if self.context_length == n_ctx and n_ctx != trained:
+            upto = f", up to its trained context of {trained}" if trained > 0 else ""
+            self._context_hint = f"load the model with a larger n_ctx (now n_ctx={n_ctx}{upto})"
+        else:
+            self._context_hint = (f"the model was trained on {trained} tokens (n_ctx={n_ctx}); "
+                                  "shorten the prompt or lower max_new_tokens")
         self._close = weakref.finalize(self, _free, ll, model, ctx)
         # Recurrent state cannot be cut back to a position: such models re-feed every prefix.
         self._rewind = not (ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
@@ -174,10 +185,8 @@ class LlamaCppLM(LanguageModel):
             if not p:
                 raise ValueError("the model needs at least one token of context: give a "
                                  "non-empty prompt")
-            if len(p) > self.n_ctx:
-                raise ValueError(f"a prefix of {len(p)} tokens exceeds the context size "
-                                 f"n_ctx={self.n_ctx}; load the model with a larger n_ctx")
             rows.setdefault(p, len(rows))
+        self._check_lengths([len(p) for p in rows])
         unique = list(rows)
         if not unique:
             return np.empty((0, self.vocab.size))
@@ -186,14 +195,11 @@ class LlamaCppLM(LanguageModel):
         return out if len(unique) == len(prefixes) else out[[rows[tuple(p)] for p in prefixes]]
 
     def _logprobs_along_many(self, requests: list[tuple[Prefix, Prefix]]) -> list[np.ndarray]:
-        for prefix, tokens in requests:
+        for prefix, _ in requests:
             if not prefix:
                 raise ValueError("the model needs at least one token of context: give a "
                                  "non-empty prompt")
-            if len(prefix) + len(tokens) > self.n_ctx:
-                raise ValueError(f"a prefix of {len(prefix) + len(tokens)} tokens exceeds the "
-                                 f"context size n_ctx={self.n_ctx}; load the model with a "
-                                 "larger n_ctx")
+        self._check_lengths([len(p) + len(toks) for p, toks in requests])
         out: list[np.ndarray] = []
         for start in range(0, len(requests), self.max_slots):
             chunk = requests[start:start + self.max_slots]
@@ -255,12 +261,14 @@ class LlamaCppLM(LanguageModel):
         while (ret := ll.llama_decode(self._ctx, self._batch)) == 1:  # no room in the cache
             if not self._evict(claimed):
                 if len(chunk) == 1:
-                    raise RuntimeError(f"llama.cpp found no KV room for {len(chunk[0])} tokens "
-                                       f"(n_ctx={self.n_ctx})")
+                    raise BackendError(f"llama.cpp found no KV room for {len(chunk[0])} tokens "
+                                       f"(n_ctx={self.n_ctx}); load the model with a larger "
+                                       "n_ctx")
                 return self._one_at_a_time(chunk, outs)
         if ret != 0:  # after a fatal error the cache holds an unknown part of the batch
             self.clear_cache()
-            raise RuntimeError(f"llama_decode failed with code {ret}")
+            raise BackendError(f"llama.cpp: llama_decode failed with status {ret} (its cache "
+                               "was cleared; verbose=True shows llama.cpp's log)")
         self.decode_calls += 1
         self.fed_tokens += i
         for seq, p in zip(claimed, chunk, strict=True):

@@ -35,8 +35,11 @@ def load_model(
     take about a second). ``backend`` forces ``transformers`` or ``llamacpp``; ``device`` is
     ``cpu``, ``cuda`` or ``auto`` (CUDA when available; half precision there). ``threads``:
     CPU threads for the model (llama.cpp's ``n_threads``, torch's intra-op threads). Other
-    keyword options go to the backend (``max_batch``, ``max_states`` for transformers;
-    ``n_ctx``, ``n_threads``, ``max_slots`` for llama.cpp).
+    keyword options go to the backend (``max_batch``, ``max_states``, ``kv_cache_bytes`` for
+    transformers; ``n_ctx``, ``n_threads``, ``max_slots`` for llama.cpp). The model's
+    ``context_length`` bounds prompt plus new tokens. Failures raise
+    :class:`~adaptrack.errors.ModelLoadError` saying what was missing: a directory without
+    ``config.json`` or tokenizer, an id that is neither cached nor reachable on the hub.
 
     >>> import adaptrack as at
     >>> lm = at.load_model()  # doctest: +SKIP
@@ -84,6 +87,8 @@ def _torch_threads(threads: int) -> None:
 def _load_transformers(
     spec: Path | str, is_gguf: bool, device: str, options: dict[str, Any]
 ) -> LanguageModel:
+    if not is_gguf and Path(spec).is_dir():
+        _check_model_dir(Path(spec))
     try:
         import torch
         import transformers
@@ -101,17 +106,86 @@ def _load_transformers(
         try:  # a local directory, or an id already in the Hugging Face cache: no network
             tokenizer, model = _from_pretrained(transformers, source, dtype, True)
         except OSError:
-            if Path(source).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1":
+            if Path(source).is_dir():
                 raise
+            _check_hub(source)
             tokenizer, model = _from_pretrained(transformers, source, dtype, False)
+    except ModelLoadError:
+        raise
     except Exception as err:  # transformers raises many kinds; the message is what matters
         where = "a local directory" if Path(source).is_dir() else "a Hugging Face model id"
         raise ModelLoadError(
             f"could not load {str(spec)!r} as {where} with transformers: "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            f"{type(err).__name__}: {_one_line(err)}"
         ) from None
     model.to(device)
     return TransformersLM(model, tokenizer, name=str(spec), **options)
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (transformers' messages span several)."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _check_model_dir(path: Path) -> None:
+    """Refuse a directory that cannot hold a transformers model, naming what it lacks."""
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    hint = (f"; it holds {ggufs[0]}: pass that file" if ggufs else
+            "; pass a Hugging Face model directory (config.json, weights, tokenizer), a .gguf "
+            "file or a model id")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not a model directory: it has no config.json{hint}")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelLoadError(f"{path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})"
+                             f"{hint}")
+
+
+def _check_hub(model_id: str) -> None:
+    """Fail fast when an id is not in the local cache and the hub cannot supply it:
+    transformers would otherwise retry the download for most of a minute."""
+    local = (f"{model_id!r} is not a local directory and not in the Hugging Face cache "
+             f"({_hub_cache()})")
+    fix = "pass a local model directory or .gguf file"
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+        )
+    except ImportError:
+        return  # transformers' own download reports the failure
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(f"{local}, and HF_HUB_OFFLINE is set; {fix}, or unset "
+                             "HF_HUB_OFFLINE to download it")
+    try:
+        huggingface_hub.model_info(model_id, timeout=5)
+    except GatedRepoError:
+        raise ModelLoadError(f"{model_id!r} is a gated model on the Hugging Face hub: accept "
+                             "its terms on the hub and log in (hf auth login, or set HF_TOKEN)"
+                             ) from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"{local}, and the Hugging Face hub has no model {model_id!r} "
+                             f"(or it is private: log in); check the id, or {fix}") from None
+    except HfHubHTTPError:
+        return  # the hub answered: let the download report what it says
+    except Exception as err:  # a network failure, whatever the HTTP client calls it
+        raise ModelLoadError(f"{local}, and the Hugging Face hub is unreachable "
+                             f"({type(err).__name__}: {_one_line(err, 120)}); {fix}, or set "
+                             "HF_HUB_OFFLINE=1 to skip the hub") from None
+
+
+def _hub_cache() -> str:
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return "~/.cache/huggingface/hub"
+    return str(constants.HF_HUB_CACHE)
 
 
 def _from_pretrained(transformers: Any, source: str, dtype: Any, local: bool) -> tuple[Any, Any]:
@@ -142,9 +216,8 @@ def _converted_gguf(path: Path) -> Path:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent),
                                                                   gguf_file=path.name)
     except Exception as err:
-        first = str(err).splitlines()[0] if str(err) else ""
         raise ModelLoadError(
-            f"transformers could not load {path}: {type(err).__name__}: {first}"
+            f"transformers could not load {path}: {type(err).__name__}: {_one_line(err)}"
         ) from None
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tokenizer.save_pretrained(tmp)
