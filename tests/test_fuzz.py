@@ -63,9 +63,6 @@ OPEN_DEFECTS: dict[str, tuple[str, ...]] = {
                           "accidental UnicodeEncodeError at constraints/grammar.py:_check",
                           "accidental UnicodeEncodeError at constraints/grammar.py:"
                           "json_schema"),
-    "tablelm_bad_vocab": ("accidental TypeError at lm/table.py:<listcomp>",
-                          "accidental UnicodeEncodeError at lm/table.py:<listcomp>"),
-    "tablelm_non_numeric_weights": ("accidental ValueError at lm/table.py:_next_logprobs",),
 }
 KNOWN = {sig: name for name, sigs in OPEN_DEFECTS.items() for sig in sigs}
 

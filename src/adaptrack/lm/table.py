@@ -34,8 +34,7 @@ class TableLM(LanguageModel):
     ) -> None:
         eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         token_bytes: list[bytes | None] = [
-            None if i in eos_ids else (t.encode() if isinstance(t, str) else bytes(t))
-            for i, t in enumerate(vocab)
+            None if i in eos_ids else _token_bytes(i, t) for i, t in enumerate(vocab)
         ]
         self.vocab = Vocabulary(token_bytes, eos_ids)
         self.next_probs = next_probs
@@ -51,7 +50,13 @@ class TableLM(LanguageModel):
     def _next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         out = np.empty((len(prefixes), self.vocab.size))
         for row, prefix in enumerate(prefixes):
-            w = np.asarray(self.next_probs(tuple(prefix)), dtype=np.float64)
+            found = self.next_probs(tuple(prefix))
+            try:
+                w = np.asarray(found, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise ModelOutputError(
+                    f"next_probs({tuple(prefix)}) must return {self.vocab.size} numbers; got "
+                    f"{found!r:.80}") from None
             ok = w.shape == (self.vocab.size,) and np.all(np.isfinite(w)) and np.all(w >= 0)
             if not ok or not w.sum() > 0:
                 raise ModelOutputError(
@@ -61,3 +66,15 @@ class TableLM(LanguageModel):
             with np.errstate(divide="ignore"):
                 out[row] = np.log(w / w.sum())
         return out
+
+
+def _token_bytes(i: int, token: object) -> bytes:
+    if isinstance(token, str):
+        try:
+            return token.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"TableLM vocab[{i}] = {token!r} is not encodable as UTF-8") from None
+    if isinstance(token, bytes | bytearray):
+        return bytes(token)
+    raise TypeError(f"TableLM vocab[{i}] must be bytes or str, got {token!r:.60} "
+                    f"({type(token).__name__})")
