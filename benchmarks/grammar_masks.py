@@ -16,15 +16,23 @@ cursor move + llguidance + conversion to ids) and, inside that, llguidance's own
 ``compute_bitmask``.
 
 Run:  python benchmarks/grammar_masks.py [--nodes 2000] [--seed 0] [--depth 64]
+      [--forced-nodes 500] [--maskbench 6] [--repeat 5] [--only-forced]
 (each row runs in a subprocess of its own so that "KiB/node", the growth of resident memory
 per new prefix, is that design's: masks cached plus, for ``copy``, one LLMatcher per prefix)
 The vocabulary comes from /tmp/smol_vocab.pkl (a pickled Vocabulary) when present, else
 from the default model's converted tokenizer.json (needs ``adaptrack setup``).
+
+Then it times forced bytes (``GrammarMatcher.forced_bytes``) with and without the samplers'
+limit against llguidance's ``compute_ff_bytes`` on the token matcher, at the prefixes of a
+walk and at those of valid instances of a few MaskBench schemas (../shared/data), and on
+``a{99999999}|b`` with a limit of 64 bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import pickle
 import random
 import statistics
@@ -32,12 +40,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from llguidance import LLMatcher
 
 from adaptrack.constraints import DONE
-from adaptrack.constraints.grammar import Grammar, GrammarMatcher, json_schema, lark, ll_vocab
+from adaptrack.constraints.grammar import (
+    Grammar,
+    GrammarMatcher,
+    json_schema,
+    lark,
+    ll_vocab,
+    regex,
+)
 from adaptrack.tokenization.vocab import Vocabulary
 
 SCHEMA = {
@@ -76,8 +92,6 @@ def default_vocabulary() -> Vocabulary:
     if pkl.exists():
         with pkl.open("rb") as f:
             return pickle.load(f)
-    import json
-
     from tokenizers import Tokenizer
 
     from adaptrack.lm.default import GGUF_NAME, cache_dir
@@ -143,11 +157,14 @@ class CopyMatcher(_Timed, GrammarMatcher):
         return _Copy(child)
 
 
-def walk(m: GrammarMatcher, nodes: int, seed: int, depth: int) -> dict[str, list[float]]:
-    """Make ``nodes`` new prefixes the way the samplers move; time each one."""
+def walk(m: GrammarMatcher, nodes: int, seed: int, depth: int,
+         made: list | None = None) -> dict[str, list[float]]:
+    """Make ``nodes`` new prefixes the way the samplers move; time each one. The prefixes
+    are appended to ``made`` (in the order made) when it is given."""
     rng = random.Random(seed)
     eos = int(m.vocab.eos_ids[0])
-    made = [m.start()]
+    made = [m.start()] if made is None else made
+    made[:] = [m.start()]
     path = [made[0]]
     t_adv: list[float] = []
     t_mask: list[float] = []
@@ -189,7 +206,7 @@ def walk(m: GrammarMatcher, nodes: int, seed: int, depth: int) -> dict[str, list
         path.append(child)
         if len(path) > depth:
             path = path[:1]
-    return {"advance": t_adv, "mask": t_mask, "llguidance": m.ll_times}  # type: ignore[attr-defined]
+    return {"advance": t_adv, "mask": t_mask, "llguidance": getattr(m, "ll_times", [])}
 
 
 def _rss() -> int:
@@ -226,15 +243,138 @@ def row(gname: str, dname: str, args: argparse.Namespace) -> None:
           f"{kib:8.1f}", flush=True)
 
 
+MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
+
+
+def maskbench_cases(count: int) -> list[tuple[str, Any, bytes]]:
+    """The first ``count`` MaskBench schemas (every 500th line, for variety) with a valid
+    instance: (name, schema, the instance as compact JSON)."""
+    found: list[tuple[str, Any, bytes]] = []
+    if count <= 0 or not MASKBENCH.exists():
+        return found
+    with gzip.open(MASKBENCH, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if n % 500:
+                continue
+            case = json.loads(line)
+            tests = [t for t in case.get("tests", []) if t.get("valid")]
+            if isinstance(case.get("schema"), dict) and tests:
+                data = json.dumps(tests[0]["data"], separators=(",", ":"), ensure_ascii=False)
+                found.append((case["name"], case["schema"], data.encode()))
+            if len(found) == count:
+                break
+    return found
+
+
+def text_states(m: GrammarMatcher, text: bytes) -> list[tuple[int, ...]]:
+    """The prefixes of ``text`` tokenized greedily, as far as the grammar takes them."""
+    states = [m.start()]
+    for token in m.vocab.longest_match(text):
+        child = m.advance(states[-1], token)
+        if child is None or child is DONE:
+            break
+        states.append(child)
+    return states
+
+
+def time_forced(make: Any, vocab: Vocabulary, states: list, depth: int,
+                repeat: int) -> list[str]:
+    """Forced bytes at ``states`` (visited in order, as the samplers visit them) three ways,
+    each on a fresh matcher: llguidance's ``compute_ff_bytes`` on a copy of the token
+    matcher, ``forced_bytes(state)`` and ``forced_bytes(state, limit)`` with the samplers'
+    limit (tokens left to ``depth`` times the longest token's bytes). Each way runs
+    ``repeat`` times; a state's time is its fastest (other processes preempt this one)."""
+    cells, want, build = [], None, []
+    for how in ("llguidance", "no limit", "limit"):
+        times = [float("inf")] * len(states)
+        for _ in range(repeat):
+            m = make().bind(vocab)
+            if how != "llguidance":  # timed apart: once per matcher
+                t0 = time.perf_counter()
+                m._byte_track()
+                build.append(time.perf_counter() - t0)
+            got = []
+            for i, s in enumerate(states):
+                t0 = time.perf_counter()
+                if how == "llguidance":
+                    out = bytes(m._goto(s).deep_copy().compute_ff_bytes())
+                elif how == "no limit":
+                    out = m.forced_bytes(s)
+                else:
+                    out = m.forced_bytes(s, limit=max(0, depth - len(s)) * m.ll.longest)
+                times[i] = min(times[i], time.perf_counter() - t0)
+                got.append(out)
+            if want is None:
+                want = got
+            elif got != [w[: len(g)] if how == "limit" else w
+                         for w, g in zip(want, got, strict=True)]:
+                raise AssertionError(f"{how}: forced bytes differ from llguidance's")
+        cells.append(f"{sum(times) * 1e3:8.2f} {_ms(times)}")
+    n_forced = sum(bool(w) for w in want or [])
+    return [f"{len(states):6d} {n_forced:6d} {sum(len(w) for w in want or []):7d}", *cells,
+            f"{min(build) * 1e3:6.2f}"]
+
+
+def forced_table(args: argparse.Namespace) -> None:
+    vocab = default_vocabulary()
+    print(f"\nforced bytes: ms in all, then median / p99 ms a state (fastest of {args.repeat} "
+          f"runs); limit = (depth - tokens) "
+          f"x {ll_vocab(vocab).longest} bytes (the longest token); 'byte m.': ms to make the "
+          "byte matcher (once per GrammarMatcher, not in the columns before)")
+    print(f"{'grammar':24} {'states':>6} {'forced':>6} {'bytes':>7} | "
+          f"{'llguidance':>24} | {'forced_bytes(s)':>24} | {'forced_bytes(s, limit)':>24} | "
+          "byte m.")
+    rows: list[tuple[str, Any, list]] = []
+    for gname, make in GRAMMARS.items():
+        made: list = []
+        walk(GrammarMatcher(make(), vocab), args.forced_nodes, args.seed, args.depth, made)
+        rows.append((f"{gname} (walk)", make, made))
+    for name, schema, data in maskbench_cases(args.maskbench):
+        try:
+            g = json_schema(schema)
+            states = text_states(g.bind(vocab), data)
+        except (ValueError, RuntimeError) as err:  # schemas llguidance refuses
+            print(f"{name[:24]:24} skipped: {str(err)[:60]}")
+            continue
+        rows.append((name[:24], lambda g=g: g, states))
+    for name, make, states in rows:
+        cells = time_forced(make, vocab, states, args.depth, args.repeat)
+        print(f"{name:24} " + " | ".join(cells), flush=True)
+    a = int(vocab.longest_match(b"a")[0])
+    first, then = [], []
+    for _ in range(args.repeat):
+        m = regex("a{99999999}|b").bind(vocab)
+        s = m.advance(m.start(), a)
+        t0 = time.perf_counter()
+        assert m.forced_bytes(s, limit=64) == b"a" * 64
+        t1 = time.perf_counter()
+        assert m.forced_bytes(m.advance(s, a), limit=64) == b"a" * 64
+        first.append(t1 - t0)
+        then.append(time.perf_counter() - t1)
+    print(f"regex a{{99999999}}|b after 'a', forced_bytes(s, limit=64), fastest of {args.repeat}:"
+          f" {min(first) * 1e3:.2f} ms (first call: makes the byte matcher), then "
+          f"{min(then) * 1e3:.2f} ms one token further")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--depth", type=int, default=64, help="longest prefix (max_new_tokens)")
+    ap.add_argument("--forced-nodes", type=int, default=500,
+                    help="walk states at which forced bytes are timed")
+    ap.add_argument("--maskbench", type=int, default=6,
+                    help="MaskBench schemas (../shared/data) whose valid instance is walked")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="runs of each forced-bytes way (a state's fastest counts)")
+    ap.add_argument("--only-forced", action="store_true", help="skip the mask table")
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.row:
         row(*args.row.split(":"), args)
+        return
+    if args.only_forced:
+        forced_table(args)
         return
     vocab = default_vocabulary()
     t0 = time.perf_counter()
@@ -250,6 +390,7 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, "--row", f"{gname}:{dname}",
                             "--nodes", str(args.nodes), "--seed", str(args.seed),
                             "--depth", str(args.depth)], check=True)
+    forced_table(args)
 
 
 if __name__ == "__main__":

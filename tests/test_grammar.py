@@ -10,6 +10,7 @@ import itertools
 import json
 import random
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -354,34 +355,106 @@ def test_forced_bytes_limit_bounds_the_walk():
     assert m.forced_bytes(s, limit=7) == b"a" * 7
     assert m.forced_bytes(m.advance(s, 1), limit=3) == b"aaa"
     assert m.forced_bytes(s, limit=0) == b""
-    assert m.stats()["grammar_masks"] < 20  # walked 7 + 3 bytes, not 99 999 998
+    masks = m.stats()["grammar_masks"]
+    assert m.forced_bytes(m.advance(s, 0), limit=50) == b"a" * 50
+    # Walked on the byte matcher: no mask over the vocabulary (at 49k tokens, one a byte
+    # cost ~0.4 ms), and 7 + 3 + 50 bytes, not 99 999 998.
+    assert m.stats()["grammar_masks"] == masks
     with pytest.raises(ValueError, match="limit must be >= 0"):
         m.forced_bytes(s, limit=-1)
 
 
-@pytest.mark.parametrize("limit", [1, 3, 40])
-def test_forced_bytes_with_a_limit_are_llguidances_cut(limit):
-    # Walks of the forced bytes (one-byte tokens, masks) agree with llguidance's forcing,
-    # also where a one-byte token is missing ('"' ':' in JSON_TOKENS: llguidance finishes).
-    for grammar, vocab in [(json_schema(SCHEMA), toy_vocab()),
-                           (json_schema(ISSUE_SCHEMA),
-                            at.Vocabulary(SMALL_JSON, eos_ids=[len(SMALL_JSON) - 1])),
-                           (json_schema({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}),
-                            toy_vocab())]:
-        m, plain = grammar.bind(vocab), grammar.bind(vocab)
-        rng = random.Random(limit)
-        state, seen = m.start(), 0
-        for _ in range(40):
-            want = plain.forced_bytes(state)
-            assert m.forced_bytes(state, limit=limit) == want[:limit], (state, want)
-            assert m.forced_bytes(state) == want
-            seen += bool(want)
-            text = [t for t in m.allowed(state).tolist() if not vocab.is_eos(t)]
-            if not text:
-                state = m.start()
-                continue
-            state = m.advance(state, rng.choice(text))
-        assert seen >= 3
+# Token bytes that are not text: halves of 'é' (b"\xc3\xa9"), a lone 0xFF byte; specials 32,
+# 33 (EOS) and the last (EOS).
+ODD_TOKENS = [*JSON_TOKENS[:34], b"\xc3", b"\xa9", b"\xc3\xa9", b"\xff", b"=", b";", b"ab=",
+              b"x;", b"let", b" ", b"<e>", None]
+FORCING_LARK = r"""
+start: ("let " NAME "=" VALUE ";")+
+NAME: /[a-z]+/ | "xyzzy"
+VALUE: /[0-9]+/ | "true" | "é"
+"""
+
+
+def odd_vocab() -> at.Vocabulary:
+    return at.Vocabulary(ODD_TOKENS, eos_ids=[33, len(ODD_TOKENS) - 1])
+
+
+def llguidance_forced(m: GrammarMatcher, state: tuple) -> bytes:
+    """llguidance's own forced bytes at ``state`` (``compute_ff_bytes``, no bound), on a
+    fresh token matcher."""
+    ref = reference(m)
+    assert ref.consume_tokens(list(state))
+    return bytes(ref.compute_ff_bytes())
+
+
+@pytest.mark.parametrize("grammar,vocab,longest", [
+    (json_schema(SCHEMA), toy_vocab(), 2),
+    (json_schema({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}), toy_vocab(), 5),
+    (json_schema(ISSUE_SCHEMA), at.Vocabulary(SMALL_JSON, eos_ids=[len(SMALL_JSON) - 1]), 5),
+    (regex(r"(abab|ab12|x{7})(1,|ba)*e{3}é?"), odd_vocab(), 5),
+    (lark(FORCING_LARK), odd_vocab(), 3),
+    (lark(LARK), toy_vocab(), 0),
+], ids=["json", "json-compact", "json-issue", "regex", "lark-forcing", "lark"])
+def test_forced_bytes_are_llguidances_on_random_walks(grammar, vocab, longest):
+    # The byte walk (limit) and llguidance's forcing (no limit, on the byte matcher) agree
+    # with llguidance's compute_ff_bytes on a fresh token matcher, cut to the limit.
+    m = grammar.bind(vocab)
+    rng = random.Random(0)
+    state, seen, checked = m.start(), set(), 0
+    for _ in range(120):
+        want = llguidance_forced(m, state)
+        for limit in (0, 1, 3, 40, None):
+            assert m.forced_bytes(state, limit=limit) == want[:limit], (state, limit, want)
+        checked += 1
+        seen.add(len(want))
+        text = [t for t in m.allowed(state).tolist() if not vocab.is_eos(t)]
+        if not text or rng.random() < 0.1:
+            state = m.start() if not text or rng.random() < 0.5 else state[:rng.randrange(
+                len(state) + 1)]
+            continue
+        state = m.advance(state, rng.choice(text))
+    assert checked == 120 and max(seen) >= longest, seen
+
+
+def test_forced_bytes_of_a_grammar_naming_tokens():
+    # A grammar may name special tokens (<[32]>: special in the toy vocabulary, never valid):
+    # the byte walk counts them as another choice and never forces one; llguidance forces
+    # their marker bytes (0xFF ...), which no state can consume.
+    vocab = toy_vocab()
+    with warnings.catch_warnings():  # "no tokenizer - can't validate <[...]>"
+        warnings.simplefilter("ignore")
+        grammar = lark('start: "ab" ("12" | <[32]>) "x" | "ba" <[32]>')
+    m = grammar.bind(vocab)
+    s_ab = m.advance(m.start(), 9)
+    assert m.allowed(s_ab).tolist() == [11, 13]  # "1", "12": never the special token
+    assert llguidance_forced(m, s_ab) == b""
+    assert m.forced_bytes(s_ab, limit=10) == m.forced_bytes(s_ab) == b""
+    s_ba = m.advance(m.start(), 10)
+    assert llguidance_forced(m, s_ba).startswith(b"\xff")  # llguidance: the special's bytes
+    assert m.forced_bytes(s_ba, limit=10) == b"" and m.allowed(s_ba).tolist() == []
+    s = m.advance(s_ab, 11)  # "ab1"
+    assert m.forced_bytes(s, limit=10) == m.forced_bytes(s) == b"2x"
+    # Under 8 ids, the special's bit shares a byte with the "accepting" bit.
+    tiny = at.Vocabulary([b"a", b"b", None, None], eos_ids=[3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = lark('start: "a" (<[2]> | "bb")').bind(tiny)
+    assert m.forced_bytes(m.advance(m.start(), 0), limit=5) == b""
+    assert m.forced_bytes(m.advance(m.advance(m.start(), 0), 1), limit=5) == b"b"
+
+
+def test_unbounded_forcing_leaves_the_matcher_working():
+    # llguidance's forcing over 250 000 forced bytes spends the lexer states that a
+    # matcher's copies share; it runs on the byte matcher, so the token matcher goes on,
+    # and the byte matcher is made anew for the next walk.
+    vocab = at.Vocabulary([b"a", b"aa", b"b", None], eos_ids=[3])
+    m = regex("a{300000}|b").bind(vocab)
+    s = m.advance(m.start(), 1)
+    assert set(m.forced_bytes(s)) == {ord("a")}  # llguidance's (it stops at its limit)
+    for _ in range(40):
+        s = m.advance(s, 1)
+        assert m.allowed(s).tolist() == [0, 1]
+    assert m.forced_bytes(s, limit=64) == b"a" * 64
 
 
 def _shortest_complete(m, max_len: int) -> int | None:

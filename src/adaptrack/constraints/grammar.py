@@ -16,6 +16,11 @@ tokens along the way, and consumes the rest. llguidance's ``rollback`` is never 
 keeps the mask cache of its Earley parser (keyed by lexer state and row index), and a
 row index reused after a rollback then returns the mask of the text rolled back (llguidance
 1.9: after ``"age"`` a JSON-schema matcher allowed digits before the ``:``).
+
+Forced bytes are walked on a second matcher of the same grammar, over a tokenizer of one
+token per byte, moved the same way by the bytes of a state's tokens: its masks have 257
+bits, and its lexer (whose states llguidance caps and the copies of a matcher share) is not
+the token matcher's (see ``GrammarMatcher.forced_bytes``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import re._parser as _sre_parse
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -166,6 +172,45 @@ class _Wrapper:
         return self.vocab.longest_match(text.encode() if isinstance(text, str) else bytes(text))
 
 
+class _ByteWrapper:
+    """``LLTokenizer``'s view of a :func:`byte_tokenizer`."""
+
+    is_tokenizer_wrapper = True
+    bos_token_id = None
+
+    def __init__(self, tokens: list[bytes], eos: int) -> None:
+        self.tokens, self.eos_token_id = tokens, eos
+        self.special_token_ids: list[int] = []  # marked with 0xFF in ``tokens`` instead
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        return [self.eos_token_id + 1 + b for b in data]
+
+
+_BYTE_TOKENIZERS: dict[int, LLTokenizer] = {}
+
+
+def byte_tokenizer(eos: int) -> LLTokenizer:
+    """An llguidance tokenizer of one token per byte: ids below ``eos`` are special, so that
+    a grammar's token references (``<[5]>``, ``<[*]>``) name tokens the byte walk never
+    takes; ``eos`` is its EOS (the bit that says "accepting"); byte ``b`` is id
+    ``eos + 1 + b``, except 0xFF, which llguidance reserves to mark special tokens and no
+    UTF-8 text holds (special here too). The one for ``eos=0`` is kept for good.
+
+    >>> t = byte_tokenizer(0)
+    >>> t.vocab_size, t.decode_bytes([1 + ord("{"), 1 + ord("a")])
+    (257, b'{a')
+    """
+    found = _BYTE_TOKENIZERS.get(eos)
+    if found is None:
+        tokens = [b"\xff[%d]" % i for i in range(eos + 1)]
+        tokens += [bytes([b]) for b in range(255)] + [b"\xff[%d]" % (eos + 256)]
+        found = LLTokenizer(_ByteWrapper(tokens, eos), slices=[])
+        if eos == 0:
+            _BYTE_TOKENIZERS[eos] = found
+    return found
+
+
 class _LLVocab:
     """llguidance's view of one vocabulary: the tokenizer and which bits are text tokens."""
 
@@ -187,16 +232,19 @@ class _LLVocab:
         self.text_bits = np.zeros(nbytes, dtype=np.uint8)
         packed = np.packbits(text, bitorder="little")
         self.text_bits[: len(packed)] = packed
-        # Per id, the first byte of a text token (-1 otherwise); per byte, the id of the
-        # one-byte text token spelling it (-1: none). Forced bytes are walked with these.
-        self.first_byte = np.full(size + 1, -1, dtype=np.int16)
-        self.single = np.full(256, -1, dtype=np.int64)
-        for i in np.flatnonzero(text).tolist():
-            self.first_byte[i] = tokens[i][0]
-            if len(tokens[i]) == 1:
-                self.single[tokens[i][0]] = i
         self.longest = max((len(tokens[i]) for i in np.flatnonzero(text).tolist()), default=0)
         self._longest_over: dict[frozenset[int], int] = {}
+        self._bytes: LLTokenizer | None = None
+
+    def byte_tokenizer(self, references: bool) -> LLTokenizer:
+        """A tokenizer of one token per byte, for walking forced bytes: see
+        :func:`byte_tokenizer`. ``references``: with this tokenizer's ids up to its EOS (built
+        on first use, ≈0.1 s at 49k; its masks take ~5 µs more), else the 257-token one."""
+        if not references:
+            return byte_tokenizer(0)
+        if self._bytes is None:
+            self._bytes = byte_tokenizer(self.eos)
+        return self._bytes
 
     def longest_over(self, alphabet: frozenset[int]) -> int:
         """The length of the longest text token made only of bytes in ``alphabet``."""
@@ -224,13 +272,77 @@ def ll_vocab(vocab: Vocabulary) -> _LLVocab:
 _CHECKPOINT_EVERY = 16
 
 
+def _failure(kind: str, matcher: LLMatcher) -> GrammarError:
+    """The error of a failed llguidance matcher."""
+    err = matcher.get_error().strip().splitlines()
+    reason = err[0] if err else "unknown error"
+    return GrammarError(f"llguidance failed on this {kind}: {reason} (its resource limits; "
+                        "simplify the grammar or shorten max_new_tokens)")
+
+
+class _Track:
+    """An llguidance matcher, the cursor, moved to token tuples as the module doc says:
+    forward from where it is when that is a prefix of the target, else from a copy of the
+    nearest checkpoint (or of ``root``, which never consumes). ``ids(tokens)`` is what the
+    matcher consumes for ``tokens`` (the tokens themselves, or their bytes)."""
+
+    def __init__(self, root: LLMatcher, ids: Callable[[tuple[int, ...]], list[int]],
+                 checkpoints: int, kind: str) -> None:
+        self.root, self.ids, self.kind = root, ids, kind
+        self.cursor = root.deep_copy()
+        self.at: tuple[int, ...] = ()
+        self.checkpoints: LRU[tuple[int, ...], LLMatcher] = LRU(checkpoints)
+
+    def reset(self) -> None:
+        """Drop the cursor (an llguidance error is permanent)."""
+        self.cursor, self.at = self.root.deep_copy(), ()
+
+    def goto(self, state: tuple[int, ...]) -> LLMatcher:
+        """The cursor, moved to ``state``."""
+        at, every = self.at, _CHECKPOINT_EVERY
+        if len(at) > len(state) or state[: len(at)] != at:
+            at, cursor = (), None
+            k = len(state) // every * every
+            while k > 0:
+                found = self.checkpoints.get(state[:k])
+                if found is not None:
+                    at, cursor = state[:k], found.deep_copy()
+                    break
+                k -= every
+            self.cursor = self.root.deep_copy() if cursor is None else cursor
+            self.at = at
+        cursor, k = self.cursor, len(at)
+        while k < len(state):
+            stop = min(len(state), (k // every + 1) * every)
+            if not cursor.consume_tokens(self.ids(state[k:stop])):
+                # States are valid by construction: only llguidance's resource limits get here.
+                err = _failure(self.kind, cursor)
+                self.reset()
+                raise err
+            k = stop
+            self.at = state[:k]
+            if k % every == 0 and self.at not in self.checkpoints:
+                self.checkpoints.put(self.at, cursor.deep_copy())
+        return cursor
+
+
+def _references_tokens(grammar: Grammar) -> bool:
+    """Whether ``grammar`` may name tokens (llguidance's ``<[5]>``, ``<|end|>``): never for
+    a regex or a JSON schema; for Lark and GBNF, wherever ``<…>`` occurs (also in a string
+    or a regex: a false alarm costs only speed)."""
+    if grammar.kind in ("regex", "JSON schema"):
+        return False
+    return re.search(r"<[^<>\n]+>", grammar.lark_text) is not None
+
+
 class GrammarMatcher(Matcher):
     """A :class:`Grammar` on one vocabulary. States are token tuples (see the module doc).
 
     Masks are cached per state as llguidance's packed bits (6 KiB at 49k tokens; sorted ids
     would take up to 400 KiB), least recently used first out, up to ``cache_bytes``:
     ``advance`` tests one bit, ``allowed`` unpacks (20-50 µs). Up to ``checkpoints``
-    llguidance matchers (~16 KiB each) are kept as checkpoints.
+    llguidance matchers (~16 KiB each) are kept as checkpoints, as many again for
+    :meth:`forced_bytes`.
     """
 
     terminators = b""
@@ -239,58 +351,25 @@ class GrammarMatcher(Matcher):
                  checkpoints: int = 1024) -> None:
         self.grammar, self.vocab = grammar, vocab
         self.ll = ll_vocab(vocab)
-        self._root = self._new_matcher()  # never consumes: every copy starts from it
-        self._cursor = self._root.deep_copy()
-        self._at: tuple[int, ...] = ()
-        self._checkpoints: LRU[tuple[int, ...], LLMatcher] = LRU(checkpoints)
+        self._n_checkpoints = checkpoints
+        self._tokens = _Track(self._new_matcher(), list, checkpoints, grammar.kind)
+        self._bytes: _Track | None = None  # see _byte_track
+        self._byte_eos = 0
         self._masks: LRU[tuple[int, ...], tuple[np.ndarray, bool]] = LRU(
             cache_bytes, size=lambda v: v[0].nbytes, keep_one=True)
         self._forced: LRU[tuple[int, ...], tuple[bytes, bool]] = LRU(1 << 16)
         self._min_tokens: int | None = None
         self.masks_computed, self.mask_seconds = 0, 0.0
 
-    def _new_matcher(self) -> LLMatcher:
-        m = LLMatcher(self.ll.tokenizer, self.grammar.lark_text, log_level=0)
+    def _new_matcher(self, tokenizer: LLTokenizer | None = None) -> LLMatcher:
+        m = LLMatcher(tokenizer or self.ll.tokenizer, self.grammar.lark_text, log_level=0)
         if m.is_error():
             raise GrammarError(f"invalid {self.grammar.kind}: {m.get_error()}")
         return m
 
-    def _failed(self, matcher: LLMatcher) -> GrammarError:
-        """The error of a failed llguidance matcher (an error is permanent: drop the cursor)."""
-        err = matcher.get_error().strip().splitlines()
-        if matcher is self._cursor:
-            self._cursor, self._at = self._root.deep_copy(), ()
-        reason = err[0] if err else "unknown error"
-        return GrammarError(f"llguidance failed on this {self.grammar.kind}: {reason} (its "
-                            "resource limits; simplify the grammar or shorten max_new_tokens)")
-
     def _goto(self, state: tuple[int, ...]) -> LLMatcher:
-        """Move the cursor to ``state``: forward from where it is when that is a prefix of
-        ``state``, else from a copy of the nearest checkpoint (or the start)."""
-        at = self._at
-        if len(at) > len(state) or state[: len(at)] != at:
-            at, self._cursor = (), None  # type: ignore[assignment]
-            k = len(state) // _CHECKPOINT_EVERY * _CHECKPOINT_EVERY
-            while k > 0:
-                found = self._checkpoints.get(state[:k])
-                if found is not None:
-                    at, self._cursor = state[:k], found.deep_copy()
-                    break
-                k -= _CHECKPOINT_EVERY
-            if self._cursor is None:
-                self._cursor = self._root.deep_copy()
-            self._at = at
-        cursor, k = self._cursor, len(at)
-        while k < len(state):
-            stop = min(len(state), (k // _CHECKPOINT_EVERY + 1) * _CHECKPOINT_EVERY)
-            if not cursor.consume_tokens(list(state[k:stop])):
-                # States are valid by construction: only llguidance's resource limits get here.
-                raise self._failed(cursor)
-            k = stop
-            self._at = state[:k]
-            if k % _CHECKPOINT_EVERY == 0 and k not in self._checkpoints:
-                self._checkpoints.put(self._at, cursor.deep_copy())
-        return cursor
+        """The token matcher at ``state``."""
+        return self._tokens.goto(state)
 
     def _compute(self, matcher: LLMatcher) -> tuple[np.ndarray, bool]:
         """``matcher``'s mask: packed bits of the valid text tokens, and whether it accepts."""
@@ -302,10 +381,13 @@ class GrammarMatcher(Matcher):
             # A dead end (no token continues the text, which is not accepted): llguidance
             # stops with this error instead of returning an empty mask.
             if matcher.get_error().startswith("NoExtensionBias"):
-                if matcher is self._cursor:
-                    self._cursor, self._at = self._root.deep_copy(), ()
+                if matcher is self._tokens.cursor:
+                    self._tokens.reset()
                 return np.zeros_like(self.ll.text_bits), False
-            raise self._failed(matcher)
+            err = _failure(self.grammar.kind, matcher)
+            if matcher is self._tokens.cursor:
+                self._tokens.reset()
+            raise err
         eos = self.ll.eos
         return bits & self.ll.text_bits, bool(bits[eos >> 3] >> (eos & 7) & 1)
 
@@ -350,14 +432,21 @@ class GrammarMatcher(Matcher):
         return None
 
     def forced_bytes(self, state: State, limit: int | None = None) -> bytes:
-        """Bytes every valid continuation of ``state`` starts with, at most ``limit``.
+        """Bytes every valid continuation of ``state`` starts with, at most ``limit``: while
+        the text is not accepted and exactly one next byte is valid (a special token the
+        grammar names there counts as another choice: none is ever forced), that byte.
 
-        Without a limit llguidance computes them (its ``compute_ff_bytes``: ~5 µs a byte,
-        with no bound: 1.4 s for ``a{99999999}``, which also exhausts the lexer states its
-        matchers share). With one, they are walked here a byte at a time on a copy (one
-        mask per byte, one-byte tokens consumed), so at most ``limit`` bytes cost anything.
-        A state one token past a state whose forced bytes are known, inside them, reuses
-        them (exactly: the rest of those bytes is still forced, and nothing more is).
+        They are walked on a second llguidance matcher of the grammar, over a tokenizer of
+        one token per byte (:func:`byte_tokenizer`), moved to ``state`` by the bytes of its
+        tokens as the token matcher is moved by its tokens (see the module doc). A byte
+        costs a mask over 257 tokens and one token consumed (~3-6 µs; one mask over a 49k
+        vocabulary is ~0.4 ms), so a limit bounds the cost. Without a limit, llguidance's
+        ``compute_ff_bytes`` on a copy of that matcher finds them: ~0.03 µs a byte through
+        lexer states built before, ~6 µs a new one, unbounded (1.5 s for ``a{99999999}``,
+        where it stops at the 250 000 lexer states the copies share and spends them; the
+        byte matcher is then made anew, and the token matcher's lexer is its own). A state
+        one token past a state whose forced bytes are known, inside them, reuses them
+        (exactly: the rest of those bytes is still forced, and nothing more is).
 
         >>> from adaptrack.tokenization.vocab import Vocabulary
         >>> v = Vocabulary([b"a", b"aa", b"b", b"<e>"], eos_ids=[3])
@@ -380,41 +469,69 @@ class GrammarMatcher(Matcher):
         if found is not None and (not found[1] or (limit is not None and len(found[0]) >= limit)):
             self._forced.put(key, found)
             return found[0] if limit is None else found[0][:limit]
-        found = self._walk_forced(key, limit)  # (bytes, whether the limit cut them)
+        try:
+            found = self._walk_forced(key, limit)
+        except GrammarError:
+            # The byte matcher's lexer states may be spent (by an unbounded walk): a new
+            # matcher has its own; a second failure is the grammar's.
+            self._bytes = None
+            found = self._walk_forced(key, limit)
         self._forced.put(key, found)
         return found[0]
 
+    def _byte_track(self) -> _Track:
+        """The byte matcher (see :meth:`forced_bytes`), made on first use."""
+        if self._bytes is None:
+            tokenizer = self.ll.byte_tokenizer(_references_tokens(self.grammar))
+            self._byte_eos = tokenizer.eos_token
+            offset = self._byte_eos + 1
+            bytes_of = self.vocab.bytes_of
+
+            def ids(tokens: tuple[int, ...]) -> list[int]:
+                return [offset + b for t in tokens for b in bytes_of(t)]
+
+            self._bytes = _Track(self._new_matcher(tokenizer), ids, self._n_checkpoints,
+                                 self.grammar.kind)
+        return self._bytes
+
     def _walk_forced(self, state: tuple[int, ...], limit: int | None) -> tuple[bytes, bool]:
         """The forced bytes at ``state`` (at most ``limit``), and whether the limit cut them."""
+        track = self._byte_track()
+        matcher, eos = track.goto(state), self._byte_eos
         if limit is None:
             # Forcing changes a matcher for good: on a copy.
-            return bytes(self._goto(state).deep_copy().compute_ff_bytes()), False
+            copy = matcher.deep_copy()
+            found = bytes(copy.compute_ff_bytes())
+            if copy.is_error():
+                raise _failure(self.grammar.kind, copy)
+            return found, False
+        # Mask bits: token references below the EOS, the EOS ("accepting"), then the bytes
+        # (0xFF last: special). A byte is forced where its bit is the only one set.
+        head, shift, top = eos >> 3, eos & 7, 1 << 256
+        below, low = bytes(head), (1 << shift) - 1
         out = bytearray()
-        copy = None  # made once a first byte is forced: most states force nothing
+        walker = matcher
         while len(out) < limit:
-            if copy is None:
-                bits, accepting = self._mask(state)
-            else:
-                bits, accepting = self._compute(copy)
-            if accepting:
-                return bytes(out), False
-            ids = np.flatnonzero(np.unpackbits(bits, bitorder="little").view(bool))
-            if not len(ids):
-                return bytes(out), False
-            first = self.ll.first_byte[ids]
-            b = int(first[0])
-            if (first != b).any():
-                return bytes(out), False
-            single = int(self.ll.single[b])
-            if copy is None:
-                copy = self._goto(state).deep_copy()
-            if single < 0:  # no one-byte token to step with: llguidance walks the rest
-                rest = bytes(copy.compute_ff_bytes())
-                return bytes(out) + rest[: limit - len(out)], len(out) + len(rest) > limit
+            raw = walker.compute_bitmask()
+            if (head and not raw.startswith(below)) or raw[head] & low:
+                break
+            bits = int.from_bytes(raw[head:], "little") >> shift
+            if bits & (bits - 1) or not 1 < bits < top:
+                break
+            b = bits.bit_length() - 2
+            if walker is matcher:  # consuming changes a matcher for good: on a copy
+                walker = matcher.deep_copy()
             out.append(b)
-            if not copy.consume_tokens([single]):
-                raise self._failed(copy)
-        return bytes(out), True
+            if not walker.consume_token(eos + 1 + b):
+                raise _failure(self.grammar.kind, walker)
+        else:
+            return bytes(out), True
+        if walker.is_error():
+            if not walker.get_error().startswith("NoExtensionBias"):
+                raise _failure(self.grammar.kind, walker)
+            if walker is matcher:  # a dead end (nothing forced): the cursor is spent
+                track.reset()
+        return bytes(out), False
 
     def min_new_tokens(self) -> int:
         """A lower bound on the tokens (EOS included) of any complete sequence.
