@@ -52,17 +52,6 @@ CLI_SEEDS = range(400)
 #: tolerates these signatures so that it keeps looking for new defects; delete an entry when
 #: its fix lands (its case then passes, and the xfail marker comes off with it).
 OPEN_DEFECTS: dict[str, tuple[str, ...]] = {
-    "grammar_error_multiline": ("GrammarError with a multi-line message at "
-                                "constraints/grammar.py:_check",),
-    "grammar_text_not_str": ("accidental TypeError at constraints/grammar.py:lark",
-                             "accidental TypeError at constraints/grammar.py:gbnf",
-                             "accidental TypeError at constraints/grammar.py:regex"),
-    "grammar_surrogate": ("accidental UnicodeEncodeError at constraints/grammar.py:regex",
-                          "accidental UnicodeEncodeError at constraints/grammar.py:lark",
-                          "accidental UnicodeEncodeError at constraints/grammar.py:gbnf",
-                          "accidental UnicodeEncodeError at constraints/grammar.py:_check",
-                          "accidental UnicodeEncodeError at constraints/grammar.py:"
-                          "json_schema"),
 }
 KNOWN = {sig: name for name, sigs in OPEN_DEFECTS.items() for sig in sigs}
 

@@ -300,8 +300,15 @@ def test_every_grammar_failure_is_a_grammar_error():
         with pytest.raises(GrammarError, match=r"invalid (regex|JSON schema|Lark|GBNF)"):
             bad()
     assert issubclass(GrammarError, ValueError)
-    with pytest.raises(TypeError, match="regex needs a pattern string, got int"):
+    with pytest.raises(TypeError, match=r"regex takes the grammar as a str, got 5 \(int\)"):
         regex(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="lark takes the grammar as a str"):
+        lark(b"start: /a/")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gbnf takes text encodable as UTF-8"):
+        gbnf('root ::= "\ud800"')
+    with pytest.raises(GrammarError) as bad:
+        lark(".")  # llguidance shows the source with a caret under it
+    assert "\n" not in str(bad.value)
     # llguidance's lexer limit ("too many expressions constructed") is a GrammarError too.
     vocab = at.Vocabulary([b"a" * 250, b"b", None], eos_ids=[2])
     m = regex("a{9999999}|b").bind(vocab)

@@ -43,7 +43,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from ..cache import LRU
 from ..errors import GrammarError
 from ..tokenization.vocab import Vocabulary
-from .base import DONE, Constraint, Matcher, State
+from .base import DONE, Constraint, Matcher, State, show, utf8
 
 # llguidance normally turns forced bytes into one forced token and returns a singleton mask;
 # the samplers need every valid token (the model decides the tokenization), so turn it off.
@@ -71,14 +71,30 @@ class Grammar(Constraint):
         return f"Grammar({self.kind}, {self.lark_text[:60]!r}…)"
 
 
+def _one_line(message: str) -> str:
+    """llguidance's message on one line: its caret display (a line of the source, then a line
+    of ``^``) becomes ``|``-separated parts, and marker-only lines are dropped."""
+    parts = [line.strip() for line in message.splitlines()]
+    return " | ".join(p for p in parts if p.strip("^~- "))
+
+
+def _source(kind: str, text: object) -> str:
+    """The grammar text, checked: a str that UTF-8 can encode (llguidance reads UTF-8)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{kind} takes the grammar as a str, got {show(text)} "
+                        f"({type(text).__name__})")
+    utf8(text, kind)
+    return text
+
+
 def _check(kind: str, grammar: str) -> None:
     """Compile ``grammar`` (no vocabulary needed) and raise :class:`GrammarError` with
-    llguidance's message if it is invalid; pass its warnings on."""
+    llguidance's message, on one line, if it is invalid; pass its warnings on."""
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise GrammarError(f"invalid {kind}: {messages[0].strip()}")
+        raise GrammarError(f"invalid {kind}: {_one_line(messages[0])}")
     for msg in messages:
-        warnings.warn(f"{kind}: {msg}", stacklevel=3)
+        warnings.warn(f"{kind}: {_one_line(msg)}", stacklevel=3)
 
 
 def regex(pattern: str) -> Grammar:
@@ -92,8 +108,7 @@ def regex(pattern: str) -> Grammar:
     >>> m.accepts([0, 2, 3]), m.accepts([2, 2, 3])
     (True, False)
     """
-    if not isinstance(pattern, str):
-        raise TypeError(f"regex needs a pattern string, got {type(pattern).__name__}")
+    _source("regex", pattern)
     _check("regex", LLMatcher.grammar_from_regex(pattern))
     return Grammar("regex", f"start: /{regex_to_lark(pattern, '')}/", pattern)
 
@@ -113,6 +128,7 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
     b'{'
     """
     if isinstance(schema, str):
+        utf8(schema, "json_schema")
         try:
             schema = json.loads(schema)
         except ValueError as err:
@@ -134,7 +150,7 @@ def lark(grammar: str) -> Grammar:
     >>> m.accepts([2, 0, 3]), m.accepts([2, 3])
     (True, False)
     """
-    _check("Lark grammar", LLMatcher.grammar_from_lark(grammar))
+    _check("Lark grammar", LLMatcher.grammar_from_lark(_source("lark", grammar)))
     return Grammar("Lark grammar", grammar)
 
 
@@ -148,6 +164,7 @@ def gbnf(grammar: str) -> Grammar:
     >>> m.allowed(m.start()).tolist(), m.accepts([1, 0, 2])
     ([1], True)
     """
+    _source("gbnf", grammar)
     try:
         converted = any_to_lark(grammar)
     except Exception as err:  # the converter raises its own error type (and others)
