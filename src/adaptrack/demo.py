@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from collections import Counter
-from typing import TextIO
+from typing import Any, TextIO
 
 from . import metrics, testing
 from .eval import binary
@@ -30,7 +30,7 @@ from .eval.tfv1 import (
 from .generate import exact_distribution, generate
 from .lm.base import LanguageModel
 
-RUNS = [
+RUNS: list[tuple[str, dict[str, Any]]] = [
     ("cd", {}),
     ("asap", {}),
     ("adaptrack", {}),
@@ -57,10 +57,11 @@ def run_demo(
     out = out or sys.stdout
     lm, constraint, max_new = testing.PROBLEMS[problem]()
     target = exact_distribution(lm, [], constraint, max_new_tokens=max_new)
-    by_text: Counter[str] = Counter()
+    by_text: dict[str, float] = {}
     for s, p in target.items():
-        by_text[lm.vocab.decode(s).decode()] += p
-    top = [t for t, _ in by_text.most_common(3)]
+        text = lm.vocab.decode(s).decode()
+        by_text[text] = by_text.get(text, 0.0) + p
+    top = sorted(by_text, key=by_text.__getitem__, reverse=True)[:3]
     if problem == "binary":
         top = ["00000", "11111"]  # the paper's point: CD gives 00000 about 1/2
     print(f"problem {problem}: {ABOUT[problem]}", file=out)
@@ -107,7 +108,8 @@ def text_logprob(lm: LanguageModel, prompt: str, text: str) -> float:
 BITS_SAMPLES = 2000
 
 #: The methods of the five-bit task; AdapTrack shares Q across samples (paper RQ4).
-BITS_RUNS = (("cd", {}), ("adaptrack", {"share_q": True}), ("exact", {}))
+BITS_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("cd", {}), ("adaptrack", {"share_q": True}), ("exact", {}))
 
 
 def run_model_demo(
@@ -162,7 +164,7 @@ def figure3(lm: LanguageModel, n: int = 10, seed: int = 0, out: TextIO | None = 
     constraint = figure3_constraint()
     for method in ("unconstrained", "cd", "adaptrack"):
         _progress(f"Figure 3: {method}…")
-        kw = dict(method=method, max_new_tokens=24, seed=seed)
+        kw: dict[str, Any] = {"method": method, "max_new_tokens": 24, "seed": seed}
         greedy = generate(lm, prompt, constraint, temperature=0, **kw).samples[0]
         res = generate(lm, prompt, constraint, n=n, **kw)
         counts = Counter(s.text for s in res.samples)

@@ -25,6 +25,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ __all__ = [
     "sliding_kl",
 ]
 
-LogProb = Mapping[Hashable, float] | Callable[[Hashable], float]
+LogProb = Mapping[Any, float] | Callable[[Hashable], float]
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,14 +162,14 @@ def mean_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _count(samples: Iterable[Hashable]) -> Counter[Hashable]:
+def _count(samples: Iterable[Hashable]) -> Counter[Any]:
     counts = Counter(samples)
     if not counts:
         raise ValueError("samples is empty: the empirical distribution is undefined")
     return counts
 
 
-def _normalize(dist: Mapping[Hashable, float], name: str) -> dict[Hashable, float]:
+def _normalize(dist: Mapping[Any, float], name: str) -> dict[Hashable, float]:
     for outcome, weight in dist.items():
         if not (math.isfinite(weight) and weight >= 0):
             raise ValueError(
@@ -180,7 +181,7 @@ def _normalize(dist: Mapping[Hashable, float], name: str) -> dict[Hashable, floa
     return {outcome: weight / total for outcome, weight in dist.items()}
 
 
-def _kl_counts(counts: Counter[Hashable], log_q: Mapping[Hashable, float]) -> float:
+def _kl_counts(counts: Counter[Any], log_q: Mapping[Any, float]) -> float:
     """KL(empirical(counts) || q) given log q; outcomes missing from ``log_q`` have q = 0."""
     total = counts.total()
     terms = []
@@ -216,7 +217,7 @@ def empirical_distribution(samples: Iterable[Hashable]) -> dict[Hashable, float]
     return {outcome: count / total for outcome, count in counts.items()}
 
 
-def kl_to_distribution(samples: Iterable[Hashable], target: Mapping[Hashable, float]) -> float:
+def kl_to_distribution(samples: Iterable[Hashable], target: Mapping[Any, float]) -> float:
     """KL(empirical || target) in nats, where *empirical* is the distribution of ``samples``.
 
     ``target`` is normalized to sum to 1 first, so unnormalized weights are accepted.
@@ -245,7 +246,7 @@ def kl_to_distribution(samples: Iterable[Hashable], target: Mapping[Hashable, fl
     return _kl_counts(counts, log_q)
 
 
-def kl_divergence(p: Mapping[Hashable, float], q: Mapping[Hashable, float]) -> float:
+def kl_divergence(p: Mapping[Any, float], q: Mapping[Any, float]) -> float:
     """KL(p || q) in nats between two distributions over hashable outcomes.
 
     Both mappings are normalized to sum to 1 first. Outcomes absent from a mapping have
@@ -386,7 +387,7 @@ def sliding_kl(
     samples: Sequence[Hashable],
     window: int,
     *,
-    target: Mapping[Hashable, float] | None = None,
+    target: Mapping[Any, float] | None = None,
     logprob: LogProb | None = None,
     support: Iterable[Hashable] | None = None,
     step: int = 1,

@@ -19,7 +19,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 from .. import constraints
@@ -134,7 +134,7 @@ def utf8_text(text: str) -> str:
     return text
 
 
-def names(allowed: tuple[str, ...] | list[str]) -> Callable[[str], tuple[str, ...]]:
+def names(allowed: Iterable[str]) -> Callable[[str], tuple[str, ...]]:
     """A comma-separated list of names from ``allowed``, in the order given.
 
     >>> names(("cd", "exact"))("exact, cd")

@@ -13,6 +13,11 @@ from ..tokenization.vocab import Vocabulary
 from .base import DONE, Constraint, Matcher, State
 
 
+def _parts(state: State) -> tuple[State, ...]:
+    """The parts' states of an intersection state (a tuple, one per part)."""
+    return state  # type: ignore[return-value]
+
+
 class AllOf(Constraint):
     """The intersection of ``parts``: a token is valid when every part allows it, and the
     sequence is complete when every part completes at the same token: every part must end
@@ -79,16 +84,16 @@ class AllOfMatcher(Matcher):
         return tuple(m.start() for m in self.parts)
 
     def allowed(self, state: State) -> np.ndarray:
-        masks = [m.allowed(s) for m, s in zip(self.parts, state, strict=True)]
+        masks = [m.allowed(s) for m, s in zip(self.parts, _parts(state), strict=True)]
         return reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), masks)
 
     def finishing(self, state: State) -> np.ndarray:
-        masks = [m.finishing(s) for m, s in zip(self.parts, state, strict=True)]
+        masks = [m.finishing(s) for m, s in zip(self.parts, _parts(state), strict=True)]
         return reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), masks)
 
     def advance(self, state: State, token: int) -> State | None:
         after = []
-        for m, s in zip(self.parts, state, strict=True):
+        for m, s in zip(self.parts, _parts(state), strict=True):
             nxt = m.advance(s, token)
             if nxt is None:
                 return None
@@ -102,7 +107,7 @@ class AllOfMatcher(Matcher):
         # Each part forces its bytes, so together they force the longer one when the two
         # agree; when they disagree no text is valid and the masks show it.
         forced = b""
-        for m, s in zip(self.parts, state, strict=True):
+        for m, s in zip(self.parts, _parts(state), strict=True):
             f = _forced(m, s, limit)
             if f.startswith(forced):
                 forced = f

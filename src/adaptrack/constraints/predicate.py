@@ -176,6 +176,8 @@ class PredicateMatcher(Matcher):
         return self._ending
 
     def advance(self, state: State, token: int) -> State | None:
+        if not isinstance(state, bytes):  # DONE: nothing follows a finished sequence
+            return None
         if (state, token) in self._timed_out:
             return None
         if self.vocab.is_eos(token):
@@ -235,7 +237,7 @@ class PredicateMatcher(Matcher):
         started = time.perf_counter()
         timeout = self.p.timeout
         try:
-            if self._can_interrupt():
+            if timeout is not None and self._can_interrupt():
                 with self.checking():
                     signal.setitimer(signal.ITIMER_REAL, min(timeout, _MAX_ALARM))
                     self._armed = True

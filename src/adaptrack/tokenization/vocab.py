@@ -120,9 +120,13 @@ class Vocabulary:
         """
         trie, ids, pos = self.trie, [], 0
         while pos < len(data):
-            node, best, i = 0, None, pos
-            while i < len(data) and (node := trie.children[node].get(data[i])) is not None:
-                i += 1
+            node, i = 0, pos
+            best: tuple[int, int] | None = None
+            while i < len(data):
+                step = trie.children[node].get(data[i])
+                if step is None:
+                    break
+                node, i = step, i + 1
                 if len(trie.ends[node]):
                     best = (int(trie.ends[node][0]), i)
             if best is None:
