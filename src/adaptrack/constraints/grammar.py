@@ -222,7 +222,7 @@ def byte_tokenizer(eos: int) -> LLTokenizer:
     if found is None:
         tokens = [b"\xff[%d]" % i for i in range(eos + 1)]
         tokens += [bytes([b]) for b in range(255)] + [b"\xff[%d]" % (eos + 256)]
-        found = LLTokenizer(_ByteWrapper(tokens, eos), slices=[])
+        found = LLTokenizer(_ByteWrapper(tokens, eos), slices=[])  # type: ignore[arg-type]
         if eos == 0:
             _BYTE_TOKENIZERS[eos] = found
     return found
@@ -244,7 +244,8 @@ class _LLVocab:
                 tokens.append(b"\xff[%d]" % i)
         self.eos = size  # the placeholder: its bit means "accepting"
         self.text_tokens = [tokens[i] for i in np.flatnonzero(text).tolist()]
-        self.tokenizer = LLTokenizer(_Wrapper(vocab, tokens, self.eos))
+        # A duck-typed TokenizerWrapper, as llguidance's Python API reads it.
+        self.tokenizer = LLTokenizer(_Wrapper(vocab, tokens, self.eos))  # type: ignore[arg-type]
         nbytes = (size + 1 + 31) // 32 * 4  # llguidance's bitmask: 32-bit words
         self.text_bits = np.zeros(nbytes, dtype=np.uint8)
         packed = np.packbits(text, bitorder="little")
@@ -670,9 +671,10 @@ def regex_min_bytes(pattern: str) -> tuple[int, frozenset[int] | None] | None:
                 total += 1
             elif op is _sre.BRANCH:
                 widths = [width(b) for b in av[1]]
-                if any(w is None for w in widths):
+                known = [w for w in widths if w is not None]
+                if len(known) < len(widths):
                     return None
-                total += min(widths)  # type: ignore[type-var]
+                total += min(known)
             elif op is _sre.SUBPATTERN:
                 inner = width(av[-1])
                 if inner is None:

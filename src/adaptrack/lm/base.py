@@ -36,13 +36,15 @@ class LanguageModel(ABC):
     Subclasses implement :meth:`_next_logprobs` and :meth:`encode`; callers use
     :meth:`next_logprobs`, which checks shapes and counts every prefix evaluated in
     ``calls`` (the samplers' ``lm_calls`` stat counts distinct prefixes per ``generate``).
-    ``context_length`` is the longest prefix (prompt and new tokens) the model takes, or
-    ``None`` when unknown or unbounded; ``generate`` refuses prompts that do not fit
-    (docs/design.md §6) and backends refuse longer prefixes with
+    ``name`` names the model in messages and results. ``context_length`` is the longest
+    prefix (prompt and new tokens) the model takes, or ``None`` when unknown or unbounded;
+    ``generate`` refuses prompts that do not fit (docs/design.md §6) and backends refuse
+    longer prefixes with
     :class:`~adaptrack.errors.PromptTooLongError`.
     """
 
     vocab: Vocabulary
+    name: str = ""
     calls: int = 0
     context_length: int | None = None
     _context_hint = ("shorten the prompt (generate(truncate_prompt=True) keeps its end) or "

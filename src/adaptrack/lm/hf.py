@@ -93,7 +93,8 @@ class TransformersLM(LanguageModel):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{arg} must be an int >= {least}, got {value!r}")
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.name = name or getattr(model.config, "_name_or_path", type(model).__name__)
+        self.name = str(name or getattr(model.config, "_name_or_path", None)
+                        or type(model).__name__)
         if vocab is None:
             from ..tokenization.hf import vocabulary
 
@@ -156,7 +157,8 @@ class TransformersLM(LanguageModel):
         """The kept state sharing the longest prefix with ``prefix``: the shared length
         (at most ``len(prefix) - outputs``: the tokens whose outputs we want must be fed),
         the state, and its tokens."""
-        best, best_kv, best_tokens = 0, None, ()
+        best, best_kv = 0, None
+        best_tokens: Prefix = ()
         if self.reuse:
             for tokens, kv in self._states.items():
                 n = common_prefix(tokens, prefix)

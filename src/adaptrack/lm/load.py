@@ -222,7 +222,7 @@ def _converted_gguf(path: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tokenizer.save_pretrained(tmp)
     # The de-quantized model is plain float32; drop the GGUF marker so it can be saved.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(tmp)
