@@ -1,1 +1,1 @@
-"""Evaluation: datasets and API lists for the paper's tasks (design.md §4, ``eval/``)."""
+"""Evaluation: datasets and API lists for the paper's tasks (docs/design.md §4, ``eval/``)."""

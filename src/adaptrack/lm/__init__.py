@@ -1,4 +1,4 @@
-"""Model backends behind one interface (design.md §4, bottom layer)."""
+"""Model backends behind one interface (docs/design.md §4, bottom layer)."""
 
 from .base import LanguageModel, Prefix
 from .load import load_model

