@@ -555,3 +555,16 @@ def test_cli_report_prints_tables(tfv1_run, capsys):
     path, _, _, _ = tfv1_run
     assert main(["report", str(path)]) == 0
     assert "## Exact match (Table 1)" in capsys.readouterr().out
+
+
+def test_tfv1_jobs_run_together_give_the_records_they_give_alone(tfv1_run):
+    """A worker runs a group of jobs on one engine (``run_many``); each job's record is the
+    one it gets alone, but for the time it took."""
+    _path, task, _records, _p = tfv1_run
+    jobs = task.jobs()
+    assert runner.group_size(task) == task.group > 1
+    together = task.run_many(jobs)
+    alone = [task.run(job) for job in jobs]
+    drop = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+    assert [drop(r) for r in together] == [drop(r) for r in alone]
+    assert all(r["seconds"] > 0 for r in together)

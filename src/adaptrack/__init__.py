@@ -30,6 +30,7 @@ from .generate import (
     Sample,
     exact_distribution,
     generate,
+    generate_each,
 )
 from .lm import LanguageModel, TableLM, load_model
 from .sampling.fastforward import FastForward
@@ -62,6 +63,7 @@ __all__ = [
     "constraints",
     "exact_distribution",
     "generate",
+    "generate_each",
     "load_model",
     "metrics",
 ]

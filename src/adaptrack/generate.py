@@ -16,8 +16,9 @@ from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
 from .sampling.adaptrack import AdapTrack
 from .sampling.asap import ASAp
-from .sampling.base import Method, run_walks
+from .sampling.base import Method
 from .sampling.cd import ConstrainedDecoding
+from .sampling.engine import Engine, Request
 from .sampling.enumerate import enumerate_tree
 from .sampling.exact import Exact
 from .sampling.fastforward import FastForward
@@ -35,6 +36,10 @@ METHODS: dict[str, type[Method]] = {
 #: Methods that sample the target conditioned on ending within ``max_new_tokens``: without a
 #: constraint they search for free text that stops that early (docs/design.md §2, §6).
 SEARCHES = ("asap", "adaptrack", "exact")
+
+#: Walks in flight over one shared Q with ``parallel=True`` (the default of ``exact``): a
+#: fixed number, not ``batch_size``, so that the batch size changes no sample.
+PARALLEL_WALKS = 32
 
 #: The default time budget of one ``generate`` call, in seconds: far past the runs in
 #: docs/benchmarks.md (a TFv1 prompt with n = 20 takes seconds on a CPU), short enough that a
@@ -74,7 +79,10 @@ class Sample:
 class GenerationResult:
     """Samples plus stats: ``lm_calls`` (model calls: distinct prefixes evaluated, a
     fast-forwarded chain counting once), ``tree_nodes``, ``evictions``, ``backtracks``,
-    ``restarts``, ``incomplete``, ``ff_sequences`` and ``forced_tokens`` (fast-forward),
+    ``restarts``, ``incomplete``, ``ff_sequences`` (chains fed in one call each) and
+    ``forced_tokens`` (the tokens fed in them; ``cd``, ``unconstrained`` and ``asap`` feed a
+    chain from its head, ``adaptrack`` and ``exact`` only once a walk steps into it, so the
+    head is then a call of its own and the chain starts after the first forced token),
     ``seconds``, ``prompt_tokens`` (after any truncation) and the constraint's own
     counters (a predicate adds ``checks``, ``check_timeouts`` and ``check_seconds``)."""
 
@@ -222,9 +230,142 @@ def _text(matcher: Matcher, lm: LanguageModel, node: Node) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def _many(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of prompts (strings or token-id sequences) rather than
+    one prompt's token ids."""
+    if isinstance(prompt, str | bytes | bytearray) or not isinstance(prompt, list | tuple):
+        return False
+    return bool(prompt) and all(
+        isinstance(p, str) or (isinstance(p, Sequence) and not isinstance(p, bytes | bytearray))
+        for p in prompt)
+
+
+class _Call:
+    """One prompt of a ``generate`` call: its tree, method, samples and result."""
+
+    def __init__(self, lm: LanguageModel, prompt: str | Sequence[int],
+                 constraint: Constraint | None, method: str, n: int, temperature: float,
+                 top_p: float, max_new_tokens: int, seed: int | None,
+                 fast_forward: bool | FastForward, *, share_q: bool = False,
+                 max_backtrack: int | None = None, min_backtrack_prob: float = 0.0,
+                 max_nodes: int = 100_000, max_cache_bytes: int = 1 << 30,
+                 max_opened_bytes: int = 1 << 30, max_seconds: float | None = MAX_SECONDS,
+                 truncate_prompt: bool = False, parallel: bool | int | None = None,
+                 on_sample: Callable[[Sample], None] | None = None,
+                 started: float | None = None) -> None:
+        if not isinstance(method, str) or method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method != "adaptrack" and (share_q or max_backtrack is not None
+                                      or min_backtrack_prob):
+            raise ValueError(
+                "share_q, max_backtrack and min_backtrack_prob apply to method='adaptrack' only"
+            )
+        _check(n, temperature, top_p, max_new_tokens, max_nodes)
+        if seed is not None:
+            _integer("seed", seed, 0)
+        _flag("share_q", share_q)
+        _flag("truncate_prompt", truncate_prompt)
+        if parallel is not None and not isinstance(parallel, bool):
+            _integer("parallel", parallel, 1)
+        _integer("max_cache_bytes", max_cache_bytes, 0)
+        _integer("max_opened_bytes", max_opened_bytes, 0)
+        if max_backtrack is not None:
+            _integer("max_backtrack", max_backtrack, 0)
+        mbp = _real("min_backtrack_prob", min_backtrack_prob)
+        if not 0 <= mbp <= 1:
+            raise ValueError(f"min_backtrack_prob must be in [0, 1], got {min_backtrack_prob}")
+        seconds = _check_seconds(max_seconds)
+        ff = _fast_forward(fast_forward)
+        if on_sample is not None and not callable(on_sample):
+            raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
+        self.started = time.perf_counter() if started is None else started
+        self.lm, self.n, self.seed, self.parallel = lm, n, seed, parallel
+        self.on_sample = on_sample
+        self.ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, truncate_prompt)
+        self.matcher = matcher = _bind(constraint, lm)
+        self.unconstrained = unconstrained = method == "unconstrained"
+        if method in SEARCHES:
+            _require_room(matcher, max_new_tokens)
+            if constraint is None or isinstance(constraint, Anything):
+                warnings.warn(FreeTextWarning(
+                    f"method={method!r} with no constraint samples text that ends (EOS) "
+                    f"within max_new_tokens={max_new_tokens}, a search that can take long "
+                    "when the model rarely stops that early; use method='unconstrained' for "
+                    "free text"), stacklevel=3)
+        walker = Anything(matcher.terminators).bind(lm.vocab) if unconstrained else matcher
+        self.tree = PrefixTree(lm, self.ids, walker, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max_new_tokens, max_nodes=max_nodes,
+                               max_cache_bytes=max_cache_bytes,
+                               max_opened_bytes=max_opened_bytes, max_seconds=seconds,
+                               restrict_length=not unconstrained,
+                               fast_forward=None if unconstrained else ff)
+        self.sampler: Method
+        if method == "adaptrack":
+            self.sampler = AdapTrack(self.tree, temperature == 0, share_q=share_q,
+                                     max_backtrack=max_backtrack, min_backtrack_prob=mbp)
+        else:
+            self.sampler = METHODS[method](self.tree, temperature == 0)
+        self.samples: list[Sample | None] = [None] * n
+        self.left = n
+        self.finished: float | None = None  # when the last sample finished
+
+    def submit(self, engine: Engine, batch_size: int) -> Request:
+        sampler, parallel = self.sampler, self.parallel
+        if sampler.independent:
+            width = batch_size  # samples independent: the width changes no sample
+        elif not sampler.runs_in_parallel(None if parallel is None else bool(parallel)):
+            width = 1
+        else:  # a fixed width, not batch_size: the walks in flight decide the samples
+            width = PARALLEL_WALKS if isinstance(parallel, bool | None) else int(parallel)
+        return engine.submit(sampler, self.n, self.seed, self.done, width=width)
+
+    def done(self, i: int, node: Node, requests: int) -> None:
+        valid = node.complete and (not self.unconstrained or self.matcher.accepts(node.tokens))
+        self.samples[i] = sample = Sample(node.tokens, _text(self.matcher, self.lm, node),
+                                          node.complete, valid, node.logprob, requests)
+        self.left -= 1
+        if not self.left:  # other prompts of the call may still run: this one's time ends
+            self.finished = time.perf_counter()
+        if self.on_sample is not None:
+            self.on_sample(sample)
+
+    def result(self) -> GenerationResult:
+        finished = [s for s in self.samples if s is not None]
+        tree, sampler = self.tree, self.sampler
+        stats = {
+            "lm_calls": tree.lm_calls,
+            "tree_nodes": tree.num_nodes,
+            "evictions": tree.evictions,
+            "backtracks": sampler.backtracks,
+            "restarts": sampler.restarts,
+            "incomplete": sum(not s.complete for s in finished),
+            "ff_sequences": tree.ff_sequences,
+            "forced_tokens": tree.forced_tokens,
+            "prompt_tokens": len(self.ids),
+            "seconds": (self.finished or time.perf_counter()) - self.started,
+            **self.matcher.stats(),
+        }
+        return GenerationResult(finished, stats)
+
+    def outcome(self, req: Request) -> GenerationResult | BaseException:
+        """The result, or the request's error carrying the finished samples."""
+        if req.error is None:
+            return self.result()
+        if isinstance(req.error, AdaptrackError):
+            req.error.partial = self.result()  # type: ignore[attr-defined]
+        return req.error
+
+
+def _engine(lm: LanguageModel, batch_size: int, max_batch_tokens: int | None) -> Engine:
+    _integer("batch_size", batch_size, 1)
+    if max_batch_tokens is not None:
+        _integer("max_batch_tokens", max_batch_tokens, 1)
+    return Engine(lm, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+
+
 def generate(
     lm: LanguageModel,
-    prompt: str | Sequence[int],
+    prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
     constraint: Constraint | None = None,
     method: str = "adaptrack",
     n: int = 1,
@@ -243,20 +384,36 @@ def generate(
     max_seconds: float | None = MAX_SECONDS,
     truncate_prompt: bool = False,
     batch_size: int = 32,
+    max_batch_tokens: int | None = 1024,
+    parallel: bool | int | None = None,
     on_sample: Callable[[Sample], None] | None = None,
-) -> GenerationResult:
+) -> Any:
     """Draw ``n`` samples of a continuation of ``prompt`` that satisfies ``constraint``.
 
     ``method`` is one of ``unconstrained``, ``cd``, ``asap``, ``adaptrack``, ``exact`` (see
     the README for what each guarantees). The ``n`` samples share one prefix tree, so the
     model evaluates each prefix once. ``share_q``, ``max_backtrack`` and
-    ``min_backtrack_prob`` are AdapTrack's options. Methods whose samples are independent
-    (``unconstrained``, ``cd``, ``adaptrack`` without ``share_q``) run ``batch_size``
-    samples in lockstep, so the model sees batches. ``on_sample`` is called with each sample
-    as it finishes (a progress hook). The same ``seed`` gives the same samples, whatever
-    ``batch_size`` and ``max_cache_bytes``: exactly with an exact model (``TableLM``); with
-    a float backend, batch composition changes rounding (~1e-6), which can flip a draw that
-    lands that close to a boundary between two tokens.
+    ``min_backtrack_prob`` are AdapTrack's options. ``on_sample`` is called with each sample
+    as it finishes (a progress hook).
+
+    ``prompt`` may be a list of prompts (strings or token-id lists): each gets its own tree
+    and the same options and seed, and the result is a list of :class:`GenerationResult`,
+    one per prompt in order (``[]`` is one empty prompt, as always). Every waiting prefix of every prompt goes to the model in one
+    batched call (at most ``batch_size`` prefixes and ``max_batch_tokens`` returned
+    distributions per call; :class:`adaptrack.sampling.engine.Engine`).
+
+    Walks in flight: methods whose samples are independent (``unconstrained``, ``cd``,
+    ``adaptrack`` without ``share_q``) run ``batch_size`` samples at once. Methods whose
+    samples share Q run several walks over that one Q where ``parallel`` says so: ``True``
+    for ``PARALLEL_WALKS`` (32) walks, an int for that many, ``False`` (or 1) for one at a
+    time, ``None`` for the method's default: parallel for ``exact`` (in rounds that keep it
+    exact), one at a time for ``asap`` and ``adaptrack`` with ``share_q`` (in parallel they
+    are further from the target; README). A seed gives the same samples whatever
+    ``batch_size``, ``max_batch_tokens``, ``max_cache_bytes`` and the other prompts of the
+    call, for every method (exactly with an exact model such as ``TableLM``; a float
+    backend's batch composition changes rounding by about 1e-6, which can flip a draw that
+    close to a boundary); for shared-Q methods the number of walks in flight
+    (``parallel``) changes the samples, never the target of ``exact``.
 
     ``fast_forward`` (``True``, ``False`` or :class:`FastForward` options): bytes the
     constraint forces are fed as their canonical tokens in one model call, and each forced
@@ -268,112 +425,116 @@ def generate(
     names it: ``max_nodes`` prefixes in the tree (``TreeLimitError``); ``max_opened_bytes``
     for the expansions the search holds (``TreeLimitError``; ``max_cache_bytes`` bounds the
     others, which are dropped and recomputed, results unchanged); ``max_seconds`` (default
-    ``MAX_SECONDS`` = 600 s, ``None`` for no limit) of sampling (``SearchTimeoutError``).
-    Refused before any model work: a prompt that with ``max_new_tokens`` exceeds the model's
-    ``context_length`` (``PromptTooLongError``, or with ``truncate_prompt=True`` the prompt
-    keeps its last ``context_length - max_new_tokens`` tokens), and, for ``asap``,
-    ``adaptrack`` and ``exact``, a constraint whose shortest complete sequence needs more
-    than ``max_new_tokens`` tokens (``NoValidSequenceError``). With no constraint these
-    three methods warn (:class:`FreeTextWarning`): they sample text that ends within
-    ``max_new_tokens``; ``method="unconstrained"`` is for free text.
+    ``MAX_SECONDS`` = 600 s, ``None`` for no limit) of sampling per prompt, counted from the
+    call's start (``SearchTimeoutError``). Refused before any model work: a prompt that with
+    ``max_new_tokens`` exceeds the model's ``context_length`` (``PromptTooLongError``, or
+    with ``truncate_prompt=True`` the prompt keeps its last ``context_length -
+    max_new_tokens`` tokens), and, for ``asap``, ``adaptrack`` and ``exact``, a constraint
+    whose shortest complete sequence needs more than ``max_new_tokens`` tokens
+    (``NoValidSequenceError``). With no constraint these three methods warn
+    (:class:`FreeTextWarning`): they sample text that ends within ``max_new_tokens``;
+    ``method="unconstrained"`` is for free text.
 
     An :class:`~adaptrack.AdaptrackError` raised while sampling carries the samples that
     finished before it: ``err.partial`` is a :class:`GenerationResult` of them (in sample
-    order, possibly none) with the stats so far.
+    order, possibly none) with the stats so far. With a list of prompts, a failing prompt
+    does not stop the others: once all are over, the first error (in prompt order) is
+    raised, its ``partial`` for its own prompt and ``err.results`` the list of every
+    prompt's :class:`GenerationResult` or error.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
     >>> bits = at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])
     >>> res = at.generate(lm, [], bits, method="exact", n=3, seed=0)
     >>> [s.text for s in res.samples]
-    ['10011', '11010', '11000']
+    ['11110', '11110', '10101']
     >>> all(s.valid for s in res.samples)
     True
     >>> try:
-    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20)
+    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=30)
     ... except at.TreeLimitError as err:
     ...     [s.text for s in err.partial.samples]    # what finished before the limit
-    ['10011']
+    ['11110']
+    >>> [r.texts for r in at.generate(lm, [[], [0]], bits, method="cd", n=2, seed=0)]
+    [['10100', '10101'], ['10100', '10101']]
     """
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method != "adaptrack" and (share_q or max_backtrack is not None or min_backtrack_prob):
-        raise ValueError(
-            "share_q, max_backtrack and min_backtrack_prob apply to method='adaptrack' only"
-        )
-    _check(n, temperature, top_p, max_new_tokens, max_nodes)
-    if seed is not None:
-        _integer("seed", seed, 0)
-    _flag("share_q", share_q)
-    _flag("truncate_prompt", truncate_prompt)
-    _integer("batch_size", batch_size, 1)
-    _integer("max_cache_bytes", max_cache_bytes, 0)
-    _integer("max_opened_bytes", max_opened_bytes, 0)
-    if max_backtrack is not None:
-        _integer("max_backtrack", max_backtrack, 0)
-    mbp = _real("min_backtrack_prob", min_backtrack_prob)
-    if not 0 <= mbp <= 1:
-        raise ValueError(f"min_backtrack_prob must be in [0, 1], got {min_backtrack_prob}")
-    seconds = _check_seconds(max_seconds)
-    ff = _fast_forward(fast_forward)
-    if on_sample is not None and not callable(on_sample):
-        raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
+    many = _many(prompt)
+    prompts = list(prompt) if many else [prompt]  # type: ignore[arg-type]
+    options = dict(constraint=constraint, method=method, n=n, temperature=temperature,
+                   top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                   fast_forward=fast_forward, share_q=share_q, max_backtrack=max_backtrack,
+                   min_backtrack_prob=min_backtrack_prob, max_nodes=max_nodes,
+                   max_cache_bytes=max_cache_bytes, max_opened_bytes=max_opened_bytes,
+                   max_seconds=max_seconds, truncate_prompt=truncate_prompt,
+                   parallel=parallel, on_sample=on_sample)
+    outcomes = _serve(lm, [{"prompt": p, **options} for p in prompts], batch_size,
+                      max_batch_tokens, up_front=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        if many:
+            failed[0].results = outcomes  # type: ignore[attr-defined]
+        raise failed[0]
+    return outcomes if many else outcomes[0]
+
+
+def generate_each(
+    lm: LanguageModel,
+    calls: Sequence[dict[str, Any]],
+    *,
+    batch_size: int = 32,
+    max_batch_tokens: int | None = 1024,
+) -> list[Any]:
+    """Several :func:`generate` calls served together by one engine: each call is a dict of
+    :func:`generate`'s arguments after ``lm`` (one prompt each); returns, in order, each
+    call's :class:`GenerationResult` or the :class:`~adaptrack.AdaptrackError` it raised
+    (with ``partial``). Bad arguments raise before any model work. The evaluation harness
+    runs a greedy and a sampled call per problem, many problems at once, this way.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> bits = at.constraints.choice(["00000", "11111"])
+    >>> out = generate_each(lm, [dict(prompt=[], constraint=bits, temperature=0),
+    ...                          dict(prompt=[], constraint=bits, n=3, seed=0, max_nodes=2)])
+    >>> out[0].texts, type(out[1]).__name__
+    (['00000'], 'TreeLimitError')
+    """
+    return _serve(lm, calls, batch_size, max_batch_tokens, up_front=False)
+
+
+def _serve(lm: LanguageModel, calls: Sequence[dict[str, Any]], batch_size: int,
+           max_batch_tokens: int | None, *, up_front: bool) -> list[Any]:
+    """``generate_each``; ``up_front``: an error found before model work (a prompt too
+    long, an empty language) is raised at once, else it is that call's outcome."""
+    engine = _engine(lm, batch_size, max_batch_tokens)
+    if not isinstance(calls, Sequence):
+        raise TypeError(f"calls must be a sequence of dicts, got {type(calls).__name__}")
     started = time.perf_counter()
-    ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, truncate_prompt)
-    matcher = _bind(constraint, lm)
-    unconstrained = method == "unconstrained"
-    if method in SEARCHES:
-        _require_room(matcher, max_new_tokens)
-        if constraint is None or isinstance(constraint, Anything):
-            warnings.warn(FreeTextWarning(
-                f"method={method!r} with no constraint samples text that ends (EOS) within "
-                f"max_new_tokens={max_new_tokens}, a search that can take long when the model "
-                "rarely stops that early; use method='unconstrained' for free text"),
-                stacklevel=2)
-    walker = Anything(matcher.terminators).bind(lm.vocab) if unconstrained else matcher
-    tree = PrefixTree(lm, ids, walker, temperature=temperature, top_p=top_p,
-                      max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      max_cache_bytes=max_cache_bytes, max_opened_bytes=max_opened_bytes,
-                      max_seconds=seconds, restrict_length=not unconstrained,
-                      fast_forward=None if unconstrained else ff)
-    sampler: Method
-    if method == "adaptrack":
-        sampler = AdapTrack(tree, temperature == 0, share_q=share_q,
-                            max_backtrack=max_backtrack, min_backtrack_prob=mbp)
-    else:
-        sampler = METHODS[method](tree, temperature == 0)
-    samples: list[Sample | None] = [None] * n
-
-    def done(i: int, node: Node, requests: int) -> None:
-        valid = node.complete and (not unconstrained or matcher.accepts(node.tokens))
-        samples[i] = Sample(node.tokens, _text(matcher, lm, node), node.complete, valid,
-                            node.logprob, requests)
-        if on_sample is not None:
-            on_sample(samples[i])
-
-    def result() -> GenerationResult:
-        finished = [s for s in samples if s is not None]
-        stats = {
-            "lm_calls": tree.lm_calls,
-            "tree_nodes": tree.num_nodes,
-            "evictions": tree.evictions,
-            "backtracks": sampler.backtracks,
-            "restarts": sampler.restarts,
-            "incomplete": sum(not s.complete for s in finished),
-            "ff_sequences": tree.ff_sequences,
-            "forced_tokens": tree.forced_tokens,
-            "prompt_tokens": len(ids),
-            "seconds": time.perf_counter() - started,
-            **matcher.stats(),
-        }
-        return GenerationResult(finished, stats)
-
-    try:
-        run_walks(sampler, n, batch_size, seed, done)
-    except AdaptrackError as err:
-        err.partial = result()  # type: ignore[attr-defined]
-        raise
-    return result()
+    prepared: list[_Call | AdaptrackError] = []
+    for call in calls:
+        if not isinstance(call, dict) or "prompt" not in call:
+            raise TypeError(f"each call must be a dict with a 'prompt', got {call!r:.60}")
+        options = {"constraint": None, "method": "adaptrack", "n": 1, "temperature": 1.0,
+                   "top_p": 1.0, "max_new_tokens": 64, "seed": None, "fast_forward": True,
+                   **call}
+        prompt = options.pop("prompt")
+        args = [options.pop(k) for k in ("constraint", "method", "n", "temperature", "top_p",
+                                         "max_new_tokens", "seed", "fast_forward")]
+        try:
+            prepared.append(_Call(lm, prompt, *args, **options, started=started))
+        except AdaptrackError as err:
+            if up_front:
+                raise
+            err.partial = GenerationResult([], {})  # type: ignore[attr-defined]
+            prepared.append(err)
+        except TypeError as err:
+            if "unexpected keyword" in str(err):
+                raise TypeError(f"generate() got an unknown argument: {err}") from None
+            raise
+    requests = [c if isinstance(c, AdaptrackError) else c.submit(engine, batch_size)
+                for c in prepared]
+    engine.run()
+    return [c if isinstance(c, AdaptrackError) else c.outcome(r)  # type: ignore[arg-type]
+            for c, r in zip(prepared, requests, strict=True)]
 
 
 def exact_distribution(

@@ -2,7 +2,8 @@
 
 An evaluation is a :class:`Task`: a picklable description (model, sampling options) that
 lists its jobs (one problem × method × setting each), loads what it needs once per worker
-(:meth:`Task.setup`) and turns one job into one JSON record (:meth:`Task.run`). A
+(:meth:`Task.setup`) and turns one job into one JSON record (:meth:`Task.run`; a task
+may also run a group of jobs together, ``run_many``, to share batched model calls). A
 :class:`Pool` runs jobs and yields records as they finish: :class:`InProcess` (one at a
 time, here) and :class:`Processes` (local worker processes). A distributed pool (a cluster
 queue, Ray, …) is another class with the same ``imap`` method; :func:`run` does not change.
@@ -65,6 +66,31 @@ class Task(Protocol):
         ...
 
 
+def group_size(task: Task) -> int:
+    """How many jobs a worker runs together: a task with ``run_many(jobs)`` (records in job
+    order) serves a group of ``task.group`` jobs at once (one engine, shared batched model
+    calls); any other task one job at a time with ``run``."""
+    if not callable(getattr(task, "run_many", None)):
+        return 1
+    return max(1, int(getattr(task, "group", 1)))
+
+
+def _timed_group(task: Task, jobs: list[Job]) -> list[Record]:
+    """Run a group of jobs; each record is stamped with the group's start and end (its jobs
+    ran at the same time)."""
+    if group_size(task) == 1:
+        return [_timed(task, job) for job in jobs]
+    started = time.time()
+    records = task.run_many(jobs)  # type: ignore[attr-defined]
+    finished = time.time()
+    return [{**r, "started_at": started, "finished_at": finished} for r in records]
+
+
+def _groups(task: Task, jobs: list[Job]) -> list[list[Job]]:
+    size = group_size(task)
+    return [jobs[i:i + size] for i in range(0, len(jobs), size)]
+
+
 class Pool(Protocol):
     """Runs jobs of a task and yields their records in the order they finish."""
 
@@ -93,8 +119,8 @@ class InProcess:
     def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
         if jobs:
             task.setup()
-        for job in jobs:
-            yield _timed(task, job)
+        for group in _groups(task, jobs):
+            yield from _timed_group(task, group)
 
 
 _WORKER_TASK: Task | None = None
@@ -110,16 +136,17 @@ def _init_worker(task: Task, threads: int) -> None:
     _WORKER_TASK = task
 
 
-def _run_in_worker(job: Job) -> Record:
+def _run_in_worker(jobs: list[Job]) -> list[Record]:
     if _WORKER_ERROR is not None:
         raise WorkerError(f"a worker process could not set up: {_WORKER_ERROR}")
     assert _WORKER_TASK is not None
-    return _timed(_WORKER_TASK, job)
+    return _timed_group(_WORKER_TASK, jobs)
 
 
 class Processes:
     """Spread jobs over ``workers`` local processes, each loading the model once and
-    using ``cpus // workers`` threads. Jobs are handed out in order, a few ahead, so
+    using ``cpus // workers`` threads. Jobs are handed out in order (in groups, for a task
+    with ``run_many``: :func:`group_size`), a few ahead, so
     neighbouring jobs (the same problem's methods) stay close in time. When a job fails or
     the run is interrupted, the records already finished are yielded first and the workers
     are stopped without waiting for the jobs they hold."""
@@ -137,8 +164,8 @@ class Processes:
         context = multiprocessing.get_context("spawn")
         executor = ProcessPoolExecutor(self.workers, mp_context=context,
                                        initializer=_init_worker, initargs=(task, threads))
-        pending: set[Future[Record]] = set()
-        queue = iter(jobs)
+        pending: set[Future[list[Record]]] = set()
+        queue = iter(_groups(task, jobs))
         clean = False
         try:
             for job in queue:
@@ -150,7 +177,7 @@ class Processes:
                 failed: BaseException | None = None
                 for future in done:
                     try:
-                        record = future.result()
+                        records = future.result()
                     except BrokenExecutor as err:
                         failed = failed or WorkerError(
                             f"a worker process died ({err}); run with --workers 1 to see why")
@@ -158,7 +185,7 @@ class Processes:
                     except BaseException as err:
                         failed = failed or err
                         continue
-                    yield record
+                    yield from records
                     nxt = next(queue, None)
                     if nxt is not None and failed is None:
                         pending.add(executor.submit(_run_in_worker, nxt))

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import random
 import sys
-import time
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -230,6 +229,10 @@ class TFv1Task(ModelTask):
     max_new_tokens: int = 32
     seed: int = 0
     version: str = DEFAULT_VERSION
+    #: Jobs a worker runs together on one engine (``run_many``), and prefixes per model call.
+    #: Neither changes a record's samples, so neither is in the header.
+    group: int = 32
+    batch_size: int = 32
 
     def __post_init__(self) -> None:
         check_methods(self.methods)
@@ -259,35 +262,50 @@ class TFv1Task(ModelTask):
         return out
 
     def run(self, job: Job) -> Record:
-        from ..generate import generate
+        return self.run_many([job])[0]
 
-        p, method, setting = problem(job["problem"]), job["method"], job["setting"]
-        oracle = p.oracle if setting is None else {setting: p.oracle[setting]}
-        record: Record = {"key": job["key"], "problem": p.api, "method": method,
-                          "setting": setting, "oracle": oracle}
-        # Unconstrained stops where the name ends, like the constrained methods.
-        constraint = (anything(API_TERMINATORS) if setting is None
-                      else setting_constraint(setting, self.version))
-        seed = seed_for(self.seed, p.api, method, setting)
-        options = dict(method=method, max_new_tokens=self.max_new_tokens, seed=seed)
-        started = time.perf_counter()
-        try:
-            greedy = generate(self.lm, p.prompt, constraint, temperature=0, **options)
-            sampled = generate(self.lm, p.prompt, constraint, n=self.n,
-                               temperature=self.temperature, **options)
-        except AdaptrackError as err:  # recorded, so the run goes on and the report counts it
-            return {**record, "error": f"{type(err).__name__}: {err}"}
-        return {
-            **record,
-            "greedy": api_text(greedy.samples[0].text),
-            "samples": [api_text(s.text) for s in sampled.samples],
-            "texts": sampled.texts,
-            "lm_requests": [s.lm_requests for s in sampled.samples],
-            "lm_calls": sampled.stats["lm_calls"],
-            "backtracks": sampled.stats["backtracks"],
-            "incomplete": sampled.stats["incomplete"],
-            "seconds": time.perf_counter() - started,
-        }
+    def run_many(self, jobs: list[Job]) -> list[Record]:
+        """The records of ``jobs``, in order, from one engine: every job's greedy and
+        sampled ``generate`` calls share its batched model calls. A job's ``seconds`` runs
+        from the group's start to its own last sample (jobs of a group overlap in time)."""
+        from ..generate import generate_each
+
+        calls, heads = [], []
+        for job in jobs:
+            p, method, setting = problem(job["problem"]), job["method"], job["setting"]
+            oracle = p.oracle if setting is None else {setting: p.oracle[setting]}
+            heads.append({"key": job["key"], "problem": p.api, "method": method,
+                          "setting": setting, "oracle": oracle})
+            # Unconstrained stops where the name ends, like the constrained methods.
+            constraint = (anything(API_TERMINATORS) if setting is None
+                          else setting_constraint(setting, self.version))
+            options = dict(prompt=p.prompt, constraint=constraint, method=method,
+                           max_new_tokens=self.max_new_tokens,
+                           seed=seed_for(self.seed, p.api, method, setting))
+            calls += [dict(options, temperature=0),
+                      dict(options, n=self.n, temperature=self.temperature)]
+        out = generate_each(self.lm, calls, batch_size=self.batch_size)
+        records = []
+        for k, record in enumerate(heads):
+            greedy, sampled = out[2 * k], out[2 * k + 1]
+            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
+            if isinstance(err, AdaptrackError):  # recorded: the run goes on, the report counts
+                records.append({**record, "error": f"{type(err).__name__}: {err}"})
+                continue
+            if err is not None:
+                raise err
+            records.append({
+                **record,
+                "greedy": api_text(greedy.samples[0].text),
+                "samples": [api_text(s.text) for s in sampled.samples],
+                "texts": sampled.texts,
+                "lm_requests": [s.lm_requests for s in sampled.samples],
+                "lm_calls": sampled.stats["lm_calls"],
+                "backtracks": sampled.stats["backtracks"],
+                "incomplete": sampled.stats["incomplete"],
+                "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"]),
+            })
+        return records
 
 
 if __name__ == "__main__":  # python -m adaptrack.eval.tfv1 [VERSION]: rebuild the list

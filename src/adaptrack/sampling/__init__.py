@@ -1,8 +1,10 @@
-"""The prefix tree, the Q table, the top-p cut, fast-forward and the methods
-(docs/design.md §3-4)."""
+"""The prefix tree, the Q table, the top-p cut, fast-forward, the methods and the engine
+that serves their walks (docs/design.md §3-4)."""
 
+from .engine import Engine, Request
 from .fastforward import FastForward, forced_tokens
 from .qtable import QTable
 from .tree import Expansion, Node, PrefixTree
 
-__all__ = ["Expansion", "FastForward", "Node", "PrefixTree", "QTable", "forced_tokens"]
+__all__ = ["Engine", "Expansion", "FastForward", "Node", "PrefixTree", "QTable", "Request",
+           "forced_tokens"]

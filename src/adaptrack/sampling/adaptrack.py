@@ -32,10 +32,13 @@ class AdapTrack(Method):
     """AdapTrack's Algorithm 2: sample along N, open the new prefix, and let every earlier
     prefix keep its token or backtrack by formula 4.
 
+    A forced chain is fed only where a walk steps into it (``eager_chains``): a walk often
+    opens a chain's head and then backtracks away from it.
+
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
     >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
-    >>> AdapTrack(tree, greedy=False, share_q=True).independent  # shared Q: one at a time
+    >>> AdapTrack(tree, greedy=False, share_q=True).independent  # shared Q: not lockstep
     False
     """
 
@@ -53,7 +56,9 @@ class AdapTrack(Method):
         with Q ← ∅); ``max_backtrack`` (prefix distance) and ``min_backtrack_prob`` (the
         smallest 1 − p'/p that may backtrack): the paper's §7.2.2 limits."""
         super().__init__(tree, greedy)
+        self.eager_chains = False
         self.share_q, self.independent = share_q, not share_q
+        self.parallel = False  # shared Q: one walk at a time unless asked (docs/design.md §3)
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
         self.shared = QTable(self.tree)
 

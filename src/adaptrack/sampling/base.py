@@ -1,18 +1,23 @@
-"""What every method shares: the tree it samples from, the counters, and the driver that
-serves many walks with batched model calls (docs/design.md §4, walks)."""
+"""What every method shares: the tree it samples from, the counters, and what a walk is
+(docs/design.md §4, walks); ``sampling/engine.py`` serves the walks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 
 import numpy as np
 
 from ..errors import NoValidSequenceError
 from .tree import Expansion, Node, PrefixTree
 
-#: One sample in progress: yields the prefixes whose distribution it needs next, returns
-#: the final node. Written as a generator so that several walks can share one model call.
-Walk = Generator[Node, None, Node]
+#: A walk yields this to wait until every walk of its request in flight waits for it too
+#: (the end of a round, :meth:`Method.release`).
+BARRIER = object()
+
+#: One sample in progress: yields the prefixes whose expansion it needs next (or
+#: :data:`BARRIER`), returns the final node. Written as a generator so that several walks
+#: can share one model call (the engine, ``sampling/engine.py``).
+Walk = Generator[object, None, Node]
 
 
 class Method:
@@ -22,9 +27,15 @@ class Method:
     distribution it used, cached or not: the AdapTrack paper's "calls to LM per sample"
     (Table 5). ``backtracks`` and ``restarts`` add up over all samples. ``independent`` says
     whether samples share no state but the tree, so that their walks can run in lockstep.
+    ``parallel`` is the default for a method whose samples share Q: whether several of its
+    walks run at once over that one Q (the AdapTrack paper's §7.2.1 parallel update).
+    ``eager_chains``: whether a walk at a forced chain's head always goes on into the chain,
+    so that the whole chain is best fed at once (else only where a walk enters it).
     """
 
     independent = True
+    parallel = False
+    eager_chains = True
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """A method sampling from ``tree``; ``greedy``: temperature 0 (docs/design.md §2)."""
@@ -34,6 +45,18 @@ class Method:
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         raise NotImplementedError
+
+    def runs_in_parallel(self, parallel: bool | None) -> bool:
+        """Whether several walks run at once: always for independent samples, else
+        ``parallel`` (None: the method's default)."""
+        if self.independent:
+            return True
+        if parallel is None:  # greedy samples are the same answer: one search suffices
+            return self.parallel and not self.greedy
+        return parallel
+
+    def release(self) -> None:
+        """Every walk in flight waits at :data:`BARRIER`: the end of a round."""
 
     @staticmethod
     def used(seen: set[int], node: Node) -> None:
@@ -55,43 +78,3 @@ class Method:
             f"the constraint admits no complete sequence within max_new_tokens="
             f"{t.max_new_tokens}{cut}: check the constraint, or allow more tokens"
         )
-
-
-def run_walks(
-    method: Method,
-    n: int,
-    batch: int,
-    seed: int | None,
-    on_done: Callable[[int, Node, int], None],
-) -> None:
-    """Draw ``n`` samples; ``on_done(i, node, requests)`` receives each as it finishes.
-
-    Independent samples run ``batch`` walks at a time in lockstep: the prefixes they wait
-    for go to the model in one call. Methods whose samples share Q run one walk at a time,
-    in order, since each sample must see the Q its predecessors left. Sample i draws from
-    its own random stream (spawned from ``seed``), so neither the batch size nor which
-    prefixes happen to be cached changes what it draws.
-    """
-    streams = np.random.SeedSequence(seed).spawn(n)
-    width = batch if method.independent else 1
-    waiting: dict[int, tuple[Walk, set[int], Node]] = {}
-    started = 0
-
-    def step(i: int, walk: Walk, seen: set[int]) -> None:
-        try:
-            waiting[i] = (walk, seen, next(walk))
-        except StopIteration as stop:
-            on_done(i, stop.value, len(seen))
-
-    while started < n or waiting:
-        while started < n and len(waiting) < width:
-            seen: set[int] = set()
-            step(started, method.walk(seen, np.random.default_rng(streams[started])), seen)
-            started += 1
-        if not waiting:
-            continue
-        method.tree.check_time()  # between model calls: every search stays within its budget
-        method.tree.expand_many([node for _, _, node in waiting.values()])
-        for i, (walk, seen, _) in sorted(waiting.items()):
-            del waiting[i]
-            step(i, walk, seen)

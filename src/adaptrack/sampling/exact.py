@@ -13,6 +13,14 @@ attempt starts with fresh randomness.
 Each rejection opens at least one prefix, so the number of attempts is bounded by the tree.
 Q is shared by all samples of a prompt: later samples are rejected less.
 
+Several samples run in parallel in rounds (the AdapTrack paper's §7.2.1 parallel update,
+made exact): every attempt in flight reads the Q the previous round left, the prefixes the
+attempts saw are opened only once all of them have ended, and each sample slot keeps its own
+sequence of attempts until one is accepted. Given that Q, an accepted attempt is an exact
+draw whatever the other slots do, so the n samples are independent draws of the target;
+which Q each attempt sees depends on how many run at once (``generate``'s ``parallel``),
+which can change the samples, never their distribution.
+
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree.
 """
@@ -24,7 +32,7 @@ import math
 
 import numpy as np
 
-from .base import Method, Walk
+from .base import BARRIER, Method, Walk
 from .draw import draw
 from .qtable import QTable
 from .tree import Expansion, Node, PrefixTree
@@ -40,19 +48,28 @@ class Exact(Method):
     >>> walk = Exact(tree, greedy=True).walk(set(), np.random.default_rng(0))
     >>> try:
     ...     while True:                       # the driver's part: the model calls it waits for
-    ...         tree.expand_many([next(walk)])
+    ...         tree.expand_many([next(walk)])  # never BARRIER: greedy search has no rounds
     ... except StopIteration as done:
     ...     print(done.value.tokens)          # "b" then EOS: .2 · .2 > P(ab EOS) = .6 · .2 · .2
     (1, 2)
     """
 
     independent = False  # Q is shared
+    parallel = True  # rounds keep every attempt on one Q: exact with any number in flight
+    eager_chains = False  # a rejected attempt need not have fed the chain it left
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
         super().__init__(tree, greedy)
         self.Q = QTable(self.tree)
         self._best: Node | None = None
+        self._deferred: list[Node] = []  # prefixes this round's attempts saw unopened
+
+    def release(self) -> None:
+        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update)."""
+        for x in self._deferred:
+            self.Q.open(x)
+        self._deferred.clear()
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
@@ -74,9 +91,10 @@ class Exact(Method):
                     if token < 0:
                         break  # an invalid token: rejected
                 node = self.tree.child(node, token)
-            for x in unopened:  # parents first: Q stays consistent after the attempt
+            for x in unopened:
                 yield from self.expand(x)  # (in case the cache dropped it meanwhile)
-                self.Q.open(x)  # formula 2 (§7.2.1 update)
+            self._deferred.extend(unopened)  # parents first: Q stays consistent
+            yield BARRIER  # every attempt in flight ends before Q changes (``release``)
             if node.complete:
                 return node
             self.restarts += 1

@@ -188,26 +188,64 @@ class PrefixTree:
         return node.expansion  # type: ignore[return-value]
 
     def expand_many(self, nodes: list[Node]) -> None:
-        """Expand several prefixes with one batched model call."""
-        todo = [n for n in nodes if n.expansion is None]
-        if not todo:
+        """Expand several prefixes with one batched model call (chains: one more)."""
+        if all(n.expansion is not None for n in nodes):
             return
         self.check_time()
-        todo = list({id(n): n for n in todo}.values())
+        plain, heads = self.plan(nodes)
+        if plain:
+            self.store(plain, self.lm.next_logprobs([self.prompt + n.tokens for n in plain]))
+        if heads:
+            self.store_chains(heads, self.lm.logprobs_along_many(
+                [(self.prompt + h.tokens, h.pending or ()) for h in heads]))
+        self.finish(nodes)
+
+    def plan(self, nodes: list[Node], *, eager: bool = True) -> tuple[list[Node], list[Node]]:
+        """What the model must say for ``nodes`` to have expansions: ``(plain, heads)``, the
+        prefixes that need one distribution each and the chain heads whose forced tokens
+        are fed in one call each (docs/design.md §2, fast-forward). Prefixes at the length
+        limit get their empty expansion here, with no model call.
+
+        ``eager=False`` feeds a chain only once a walk has stepped into it: its head gets
+        one distribution (the forced token is then its only valid one), and the first node
+        inside the chain feeds the rest. A walk that leaves the head (AdapTrack's
+        backtracking, a rejected ``exact`` attempt) then prefills nothing it does not use.
+        """
+        todo = list({id(n): n for n in nodes if n.expansion is None}.values())
         for node in todo:
             if node.depth >= self.max_new_tokens:  # nothing may follow: no model call
                 node.expansion = Expansion(np.zeros(0), np.empty(0, dtype=np.int64))
         todo = [n for n in todo if n.depth < self.max_new_tokens]
-        chains = [n for n in todo if self._pending(n)]
-        plain = [n for n in todo if not n.pending]
-        if plain:
-            logprobs = self.lm.next_logprobs([self.prompt + n.tokens for n in plain])
-            self.lm_calls += len(plain)
-            for node, row in zip(plain, logprobs, strict=True):
-                self._store(node, self._expansion(node, row))
-        if chains:
-            self._feed_forced(chains)
-        self._cache.trim(protected={id(n) for n in todo})
+        plain: list[Node] = []
+        heads: list[Node] = []
+        for node in todo:
+            if self._pending(node) and (eager or _inside_chain(node)):
+                heads.append(node)
+            else:
+                plain.append(node)
+        return plain, heads
+
+    def store(self, nodes: list[Node], logprobs: np.ndarray) -> None:
+        """Keep the expansions of ``nodes`` (``plan``'s plain list) from the model's rows."""
+        self.lm_calls += len(nodes)
+        for node, row in zip(nodes, logprobs, strict=True):
+            self._store(node, self._expansion(node, row))
+
+    def store_chains(self, heads: list[Node], found: list[np.ndarray]) -> None:
+        """Keep what one fed chain per head (``plan``'s heads) gave: every position's
+        expansion, so Q sees each forced token's probability exactly; the node after a
+        chain gets its expansion from the same call."""
+        self.lm_calls += len(heads)
+        self.ff_sequences += len(heads)
+        for node, rows in zip(heads, found, strict=True):
+            chain = node.pending or ()
+            self.forced_tokens += len(chain)
+            self._follow(node, chain, rows)
+
+    def finish(self, nodes: list[Node]) -> None:
+        """After a model call for ``nodes``: bring the droppable cache back within its bound,
+        keeping the expansions just made for them."""
+        self._cache.trim(protected={id(n) for n in nodes})
 
     def _store(self, node: Node, expansion: Expansion) -> None:
         node.expansion = expansion
@@ -235,21 +273,6 @@ class PrefixTree:
                 tokens = tuple(found[:room])
             node.pending = tokens
         return node.pending
-
-    def _feed_forced(self, heads: list[Node]) -> None:
-        """Fast-forward: each head's chain of forced tokens in one model call (a short
-        prefill; the chains of all waiting walks share one batch) that gives every
-        position's distribution, so Q sees each forced token's probability exactly; the
-        node after a chain gets its expansion from the same call."""
-        chains = [head.pending or () for head in heads]
-        found = self.lm.logprobs_along_many(
-            [(self.prompt + head.tokens, chain) for head, chain in zip(heads, chains,
-                                                                         strict=True)])
-        self.lm_calls += len(heads)
-        self.ff_sequences += len(heads)
-        self.forced_tokens += sum(len(c) for c in chains)
-        for node, chain, rows in zip(heads, chains, found, strict=True):
-            self._follow(node, chain, rows)
 
     def _follow(self, node: Node, chain: tuple[int, ...], rows: np.ndarray) -> None:
         for i, tok in enumerate(chain):
@@ -350,3 +373,10 @@ def _expansion_bytes(node: Node) -> int:
 
 def _drop_expansion(key: int, node: Node) -> None:
     node.expansion = None
+
+
+def _inside_chain(node: Node) -> bool:
+    """Whether a walk stepped from a chain's head into its forced tokens to reach ``node``
+    (rather than ``node`` starting a chain of its own)."""
+    parent = node.parent
+    return node.in_chain and parent is not None and len(parent.pending or ()) > 1

@@ -1,0 +1,217 @@
+"""The engine: the one place that calls the model, serving the walks of many requests
+(prompts, methods, samples) with batched model calls (docs/design.md §4, walks).
+
+A request is one prefix tree, one method over it and ``n`` samples. Each step the engine
+lets every walk of every request run until it waits for a prefix's expansion, gathers
+those prefixes across all trees, and asks the model for all of them at once (at most
+``batch_size`` prefixes and ``max_batch_tokens`` returned distributions per call; forced
+chains in one more call). Budgets and errors stay per request: a request whose search runs
+out of time or fails is closed with its error, and the others go on.
+
+Walks are generators that read like the paper's pseudocode (``sampling/base.py``). A walk
+yields a :class:`~adaptrack.sampling.tree.Node` to wait for its expansion, or
+:data:`BARRIER` to wait until every walk of its request in flight waits at the barrier too;
+the method's ``release`` then runs (``exact`` applies the Q updates of the round there, so
+that each attempt reads one Q from start to end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..lm.base import LanguageModel
+from .base import BARRIER, Method, Walk
+from .tree import Node, PrefixTree
+
+
+@dataclass
+class _Slot:
+    walk: Walk
+    seen: set[int]
+    waits: object = None  # a Node, BARRIER, or None before the walk started
+
+
+@dataclass(eq=False)
+class Request:
+    """``n`` samples of ``method`` over ``tree``; ``on_done(i, node, requests)`` receives
+    sample ``i`` as it finishes. ``width`` walks run at once (1: one after another, in
+    order). ``error`` is set when the request failed; ``done`` once it is over either way.
+    """
+
+    tree: PrefixTree
+    method: Method
+    n: int
+    seed: int | None
+    on_done: Callable[[int, Node, int], None]
+    width: int = 1
+    error: BaseException | None = None
+    done: bool = False
+    started: int = 0
+    _streams: list[np.random.SeedSequence] = field(default_factory=list)
+    _slots: dict[int, _Slot] = field(default_factory=dict)
+
+
+class Engine:
+    """Serves every walk of every submitted request with shared batched model calls.
+
+    >>> import adaptrack as at
+    >>> from adaptrack.sampling.cd import ConstrainedDecoding
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
+    >>> c = at.constraints.choice(["b", "ab"]).bind(lm.vocab)
+    >>> engine, out = Engine(lm), {}
+    >>> for prompt in ([], [0]):
+    ...     def done(i, node, requests, p=tuple(prompt)):
+    ...         out[p, i] = node.tokens
+    ...     tree = PrefixTree(lm, prompt, c)
+    ...     _ = engine.submit(ConstrainedDecoding(tree, greedy=True), 2, 0, done, width=2)
+    >>> engine.run(); out
+    {((), 0): (0, 1, 2), ((), 1): (0, 1, 2), ((0,), 0): (0, 1, 2), ((0,), 1): (0, 1, 2)}
+    >>> lm.calls                                 # three prefixes per prompt, in three calls
+    6
+    """
+
+    def __init__(self, lm: LanguageModel, batch_size: int = 32,
+                 max_batch_tokens: int | None = 1024) -> None:
+        """An engine over ``lm``: at most ``batch_size`` prefixes and ``max_batch_tokens``
+        returned next-token distributions (None: no bound) per model call."""
+        self.lm, self.batch_size, self.max_batch_tokens = lm, batch_size, max_batch_tokens
+        self.requests: list[Request] = []
+
+    def submit(self, method: Method, n: int, seed: int | None,
+               on_done: Callable[[int, Node, int], None], *, width: int = 1) -> Request:
+        """Queue ``n`` samples of ``method``; ``width`` of its walks run at once."""
+        req = Request(method.tree, method, n, seed, on_done, max(1, width))
+        req._streams = np.random.SeedSequence(seed).spawn(n)
+        self.requests.append(req)
+        return req
+
+    def run(self) -> None:
+        """Step until every request is done (each either finished or failed)."""
+        while self.step():
+            pass
+
+    def step(self) -> bool:
+        """Advance every open request to its next model call, then make the calls. Returns
+        whether some request is still open."""
+        for req in self.requests:
+            if not req.done:
+                self._advance(req)
+        self.requests = [r for r in self.requests if not r.done]
+        if not self.requests:
+            return False
+        plain: list[tuple[Request, Node]] = []
+        heads: list[tuple[Request, Node]] = []
+        waited: dict[int, list[Node]] = {}
+        for req in self.requests:
+            nodes = [s.waits for s in req._slots.values() if isinstance(s.waits, Node)]
+            try:
+                req.tree.check_time()  # between model calls: each request keeps its budget
+                p, h = req.tree.plan(nodes, eager=req.method.eager_chains)  # type: ignore[arg-type]
+            except Exception as err:  # kept on the request; its owner raises it
+                self._fail(req, err)
+                continue
+            waited[id(req)] = nodes  # type: ignore[assignment]
+            plain += [(req, n) for n in p]
+            heads += [(req, n) for n in h]
+        self._call(plain, 1, lambda reqs: self.lm.next_logprobs(reqs),
+                   lambda req, n: req.tree.prompt + n.tokens,
+                   lambda req, nodes, rows: req.tree.store(nodes, rows))
+        self._call(heads, 0, lambda reqs: self.lm.logprobs_along_many(reqs),
+                   lambda req, n: (req.tree.prompt + n.tokens, n.pending or ()),
+                   lambda req, nodes, rows: req.tree.store_chains(nodes, rows))
+        for req in self.requests:
+            if not req.done and id(req) in waited:
+                req.tree.finish(waited[id(req)])
+        return True
+
+    def _call(self, items: list[tuple[Request, Node]], rows_per_item: int,
+              ask: Callable[[list], object], query: Callable[[Request, Node], object],
+              store: Callable[[Request, list[Node], object], None]) -> None:
+        """Ask the model for ``items`` in chunks; a failing chunk is asked again request by
+        request, so that the error lands on the request that caused it."""
+        items = [(r, n) for r, n in items if not r.done]
+        for chunk in self._chunks(items, rows_per_item):
+            try:
+                rows = ask([query(r, n) for r, n in chunk])
+            except Exception as err:  # attributed below
+                owners = list({id(r): r for r, _ in chunk}.values())
+                if len(owners) == 1:
+                    self._fail(owners[0], err)
+                    continue
+                for req in owners:
+                    self._call([(r, n) for r, n in chunk if r is req], rows_per_item, ask,
+                               query, store)
+                continue
+            start = 0
+            while start < len(chunk):  # consecutive items of one request are stored together
+                req, end = chunk[start][0], start
+                while end < len(chunk) and chunk[end][0] is req:
+                    end += 1
+                if not req.done:
+                    try:
+                        store(req, [n for _, n in chunk[start:end]], rows[start:end])
+                    except Exception as err:
+                        self._fail(req, err)
+                start = end
+
+    def _chunks(self, items: list[tuple[Request, Node]],
+                rows_per_item: int) -> list[list[tuple[Request, Node]]]:
+        out: list[list[tuple[Request, Node]]] = []
+        chunk: list[tuple[Request, Node]] = []
+        rows = 0
+        for req, node in items:
+            k = rows_per_item or len(node.pending or ()) + 1
+            full = len(chunk) >= self.batch_size or (
+                self.max_batch_tokens is not None and rows + k > self.max_batch_tokens)
+            if chunk and full:
+                out.append(chunk)
+                chunk, rows = [], 0
+            chunk.append((req, node))
+            rows += k
+        if chunk:
+            out.append(chunk)
+        return out
+
+    def _advance(self, req: Request) -> None:
+        """Run the request's walks until each waits for the model or is done."""
+        try:
+            for i in sorted(req._slots):  # the model answered what these waited for
+                if isinstance(req._slots[i].waits, Node):
+                    self._resume(req, i)
+            while True:
+                while req.started < req.n and len(req._slots) < req.width:
+                    i = req.started
+                    req.started += 1
+                    seen: set[int] = set()
+                    rng = np.random.default_rng(req._streams[i])
+                    req._slots[i] = _Slot(req.method.walk(seen, rng), seen)
+                    self._resume(req, i)
+                slots = req._slots.values()
+                if slots and all(s.waits is BARRIER for s in slots):
+                    req.method.release()  # every walk in flight is between attempts
+                    for i in sorted(req._slots):
+                        self._resume(req, i)
+                    continue
+                break
+        except Exception as err:  # kept on the request; its owner raises it
+            self._fail(req, err)
+            return
+        if not req._slots and req.started >= req.n:
+            req.done = True
+
+    def _resume(self, req: Request, i: int) -> None:
+        slot = req._slots[i]
+        try:
+            slot.waits = next(slot.walk)
+        except StopIteration as stop:
+            del req._slots[i]
+            req.on_done(i, stop.value, len(slot.seen))
+
+    def _fail(self, req: Request, err: BaseException) -> None:
+        for slot in req._slots.values():
+            slot.walk.close()
+        req._slots.clear()
+        req.error, req.done = err, True
