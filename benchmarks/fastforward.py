@@ -1,5 +1,5 @@
 """Fast-forward on the default model: LM calls and wall time per sample with and without it,
-for cd and adaptrack on a JSON-schema prompt (issue "fast-forward tokens", item 6).
+for cd and adaptrack on a JSON-schema prompt, and the ratios the targets are stated in.
 
 The schema forces most of the text (keys, quotes, separators); the model chooses the
 values. With fast-forward each forced chain is one model call (a short prefill that returns
@@ -8,9 +8,14 @@ configuration runs n samples in one ``generate`` call after ``clear_cache()``, s
 evaluates the prompt once per configuration. ``lm_calls`` counts model calls (a chain is
 one), ``calls/sample`` is ``lm_calls / n``, ``requests/sample`` the mean of
 ``Sample.lm_requests`` (prefixes a sample used, a chain counting once), and ``valid`` the
-samples that are complete and parse under the schema.
+samples that are complete and parse under the schema. Each configuration runs ``--repeat``
+times, off and on alternating (off on on off …); s/sample is the median, the counts come
+from the last run. The second table gives off / on per method and the targets: cd with
+fast-forward at least 2× faster than without, adaptrack with it no slower (ratio ≥ 1).
 
-Run:  python benchmarks/fastforward.py [--backend llamacpp|transformers] [-n 10] [--seed 0]
+Run:  python benchmarks/fastforward.py [--backend auto|llamacpp|transformers] [-n 10]
+                                       [--repeat 3] [--seed 0]
+      python benchmarks/fastforward.py -n 2 --repeat 1          (smoke run)
 """
 
 from __future__ import annotations
@@ -40,27 +45,46 @@ PROMPT = ("Describe a fictional person as JSON with the keys name_of_the_person,
           "favourite_colour.\nJSON: ")
 
 
+TARGETS = {"cd": 2.0, "adaptrack": 1.0}  # s/sample without / with fast-forward
+
+
+def run(lm: at.LanguageModel, constraint: at.constraints.Constraint, method: str, ff: bool,
+        args: argparse.Namespace) -> tuple[at.GenerationResult, float]:
+    lm.clear_cache()
+    started = time.perf_counter()
+    res = at.generate(lm, PROMPT, constraint, method=method, n=args.n, seed=args.seed,
+                      max_new_tokens=args.max_new_tokens, fast_forward=ff)
+    return res, time.perf_counter() - started
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default="llamacpp", choices=["llamacpp", "transformers"])
+    ap.add_argument("--backend", default="auto", choices=["auto", "llamacpp", "transformers"],
+                    help="auto: llama.cpp when llama-cpp-python is installed, else transformers")
     ap.add_argument("-n", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (default 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
     lm = at.load_model(backend=args.backend, device="cpu")
     constraint = at.constraints.json_schema(SCHEMA)
+    run(lm, constraint, "cd", True, argparse.Namespace(**{**vars(args), "n": 1}))  # warm-up
     print(f"# fast-forward, {datetime.date.today()}, {cpu_name()}, load {load()}, "
-          f"backend {args.backend}, n={args.n}, max_new_tokens={args.max_new_tokens}")
+          f"backend {args.backend} ({type(lm).__name__}), n={args.n}, "
+          f"max_new_tokens={args.max_new_tokens}, median of {args.repeat} run(s)")
     print("| method | fast-forward | calls/sample | requests/sample | forced tokens/sample | "
           "s/sample | valid | tokens/sample |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ratios = []
     for method in ("cd", "adaptrack"):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        last: dict[bool, at.GenerationResult] = {}
+        for r in range(args.repeat):
+            for ff in ((False, True) if r % 2 == 0 else (True, False)):
+                last[ff], seconds = run(lm, constraint, method, ff, args)
+                times[ff].append(seconds / len(last[ff].samples))
         for ff in (False, True):
-            lm.clear_cache()
-            started = time.perf_counter()
-            res = at.generate(lm, PROMPT, constraint, method=method, n=args.n, seed=args.seed,
-                              max_new_tokens=args.max_new_tokens, fast_forward=ff)
-            seconds = time.perf_counter() - started
+            res = last[ff]
             n = len(res.samples)
             valid = 0
             for s in res.samples:
@@ -70,10 +94,22 @@ def main() -> None:
                     pass
             print(f"| {method} | {'on' if ff else 'off'} | {res.stats['lm_calls'] / n:.1f} | "
                   f"{statistics.mean(s.lm_requests for s in res.samples):.1f} | "
-                  f"{res.stats['forced_tokens'] / n:.1f} | {seconds / n:.2f} | {valid}/{n} | "
+                  f"{res.stats['forced_tokens'] / n:.1f} | "
+                  f"{statistics.median(times[ff]):.2f} | {valid}/{n} | "
                   f"{statistics.mean(len(s.tokens) for s in res.samples):.1f} |")
-    print("example:", res.samples[0].text)
-
+        calls = last[False].stats["lm_calls"] / last[True].stats["lm_calls"]
+        speed = statistics.median(times[False]) / statistics.median(times[True])
+        ratios.append((method, calls, speed, [a / b for a, b in zip(times[False], times[True],
+                                                                     strict=True)]))
+    print()
+    print("| method | calls off / on | s/sample off / on | per-run ratios | target | met |")
+    print("| --- | ---: | ---: | --- | --- | :-: |")
+    for method, calls, speed, per_run in ratios:
+        target = TARGETS[method]
+        print(f"| {method} | {calls:.2f} | {speed:.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in per_run)} | ≥ {target:g} | "
+              f"{'yes' if speed >= target else 'no'} |")
+    print("example:", last[True].samples[0].text)
 
 if __name__ == "__main__":
     main()
