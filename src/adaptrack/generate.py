@@ -153,7 +153,7 @@ def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int]) -> list[int]:
     except TypeError:
         raise TypeError(f"prompt must be a str or a sequence of token ids, got {prompt!r} "
                         f"({type(prompt).__name__})") from None
-    ids = []
+    ids: list[int] = []
     for t in prompt:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"prompt token ids must be ints, got {t!r}")
@@ -398,9 +398,10 @@ def generate(
 
     ``prompt`` may be a list of prompts (strings or token-id lists): each gets its own tree
     and the same options and seed, and the result is a list of :class:`GenerationResult`,
-    one per prompt in order (``[]`` is one empty prompt, as always). Every waiting prefix of every prompt goes to the model in one
-    batched call (at most ``batch_size`` prefixes and ``max_batch_tokens`` returned
-    distributions per call; :class:`adaptrack.sampling.engine.Engine`).
+    one per prompt in order (``[]`` is one empty prompt, as always). Every waiting prefix
+    of every prompt goes to the model in one batched call (at most ``batch_size`` prefixes
+    and ``max_batch_tokens`` returned distributions per call;
+    :class:`adaptrack.sampling.engine.Engine`).
 
     Walks in flight: methods whose samples are independent (``unconstrained``, ``cd``,
     ``adaptrack`` without ``share_q``) run ``batch_size`` samples at once. Methods whose
@@ -459,7 +460,7 @@ def generate(
     [['10100', '10101'], ['10100', '10101']]
     """
     many = _many(prompt)
-    prompts = list(prompt) if many else [prompt]  # type: ignore[arg-type]
+    prompts = list(prompt) if many else [prompt]
     options = dict(constraint=constraint, method=method, n=n, temperature=temperature,
                    top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                    fast_forward=fast_forward, share_q=share_q, max_backtrack=max_backtrack,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..constraints import Choice, choice
 from .runner import Job, ModelTask, Record, check_methods, seed_for
@@ -87,7 +88,7 @@ class BinaryTask(ModelTask):
                     for s, p in sorted(dist.items(), key=lambda kv: -kv[1])]
             return {"key": "target", "target": rows, "seconds": time.perf_counter() - started}
         method = job["method"]
-        options = {"share_q": True} if method == "adaptrack" else {}
+        options: dict[str, Any] = {"share_q": True} if method == "adaptrack" else {}
         res = generate(self.lm, self.prompt, constraint(), method=method, n=self.n,
                        temperature=self.temperature, max_new_tokens=MAX_NEW_TOKENS,
                        seed=seed_for(self.seed, method), **options)

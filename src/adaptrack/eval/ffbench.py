@@ -87,7 +87,7 @@ def read_maskbench(path: str | os.PathLike[str]) -> Iterator[tuple[Any, list[Any
     with open(path, "rb") as raw:
         gz = raw.read(2) == b"\x1f\x8b"
     opener = gzip.open if gz else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

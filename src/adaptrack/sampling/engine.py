@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -109,11 +110,11 @@ class Engine:
             nodes = [s.waits for s in req._slots.values() if isinstance(s.waits, Node)]
             try:
                 req.tree.check_time()  # between model calls: each request keeps its budget
-                p, h = req.tree.plan(nodes, eager=req.method.eager_chains)  # type: ignore[arg-type]
+                p, h = req.tree.plan(nodes, eager=req.method.eager_chains)
             except Exception as err:  # kept on the request; its owner raises it
                 self._fail(req, err)
                 continue
-            waited[id(req)] = nodes  # type: ignore[assignment]
+            waited[id(req)] = nodes
             plain += [(req, n) for n in p]
             heads += [(req, n) for n in h]
         self._call(plain, 1, lambda reqs: self.lm.next_logprobs(reqs),
@@ -128,8 +129,8 @@ class Engine:
         return True
 
     def _call(self, items: list[tuple[Request, Node]], rows_per_item: int,
-              ask: Callable[[list], object], query: Callable[[Request, Node], object],
-              store: Callable[[Request, list[Node], object], None]) -> None:
+              ask: Callable[[list], Any], query: Callable[[Request, Node], object],
+              store: Callable[[Request, list[Node], Any], None]) -> None:
         """Ask the model for ``items`` in chunks; a failing chunk is asked again request by
         request, so that the error lands on the request that caused it."""
         items = [(r, n) for r, n in items if not r.done]

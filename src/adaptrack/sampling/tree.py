@@ -35,7 +35,8 @@ class Node:
         logprob: float,
     ) -> None:
         self.parent, self.token, self.state, self.complete = parent, token, state, complete
-        self.tokens: tuple[int, ...] = () if parent is None else (*parent.tokens, token)
+        self.tokens: tuple[int, ...] = (
+            () if parent is None or token is None else (*parent.tokens, token))
         self.depth = len(self.tokens)
         self.logprob = logprob  # log P(tokens | prompt) under the sampling model
         self.children: dict[int, Node] = {}
@@ -255,7 +256,8 @@ class PrefixTree:
         """The forced tokens to feed from ``node`` on (computed once per node; docs/design.md
         §2, fast-forward target), at most as many as the length limit leaves."""
         if node.pending is None:
-            ff, tokens = self.fast_forward, ()
+            ff = self.fast_forward
+            tokens: tuple[int, ...] = ()
             if ff is not None and not node.complete and node.depth < self.max_new_tokens:
                 room = self.max_new_tokens - node.depth
                 keep = self._tokenizer.context_tokens
