@@ -227,6 +227,8 @@ def _text(matcher: Matcher, lm: LanguageModel, node: Node) -> str:
         cut = [i for i, b in enumerate(last) if b in matcher.terminators]
         if cut:  # keep the terminator, drop what the same token carried after it
             data = data[: len(data) - len(last) + cut[0] + 1]
+    if node.complete:  # a constraint that ends on a stop string cuts it here
+        data = matcher.final_text(data)
     return data.decode("utf-8", errors="replace")
 
 

