@@ -538,6 +538,13 @@ def check_result(case: ApiCase, lm: TableLM, constraint: Any, out: Any) -> str |
             if recheck and not fresh.bind(lm.vocab).accepts(tokens):
                 return f"sequence {tokens} not accepted by the constraint"
         return None
+    if isinstance(out, list) and out and all(isinstance(r, GenerationResult) for r in out):
+        # a list of prompts (strings or token-id lists): one result per prompt, each checked
+        for one in out:
+            wrong = check_result(case, lm, constraint, one)
+            if wrong:
+                return wrong
+        return None
     if not isinstance(out, GenerationResult):
         return f"generate returned {type(out).__name__}"
     n = opts.get("n", 1)
