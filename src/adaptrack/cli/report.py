@@ -7,7 +7,8 @@ import sys
 
 HELP = "tables and plots from an `adaptrack eval` results file"
 DESCRIPTION = ("Markdown tables shaped like the paper's (Tables 1 and 5 for tfv1, Table 4 for "
-               "binary) and PNG plots (EM@k; KL over sliding windows).")
+               "binary, Table 3 for humaneval and mbpp) and PNG plots (EM@k; KL over sliding "
+               "windows).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

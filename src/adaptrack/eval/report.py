@@ -6,7 +6,9 @@ the mean over problems of each problem's average, minimum and maximum), plus wal
 Only problems with a record for every method and setting in the file are counted, so a
 partial run compares methods on the same problems. Binary results give Table 4's KL, both
 exact (to the enumerated target) and the paper's sample-based estimate, and Figure 4's KL
-over sliding windows of a quarter of the samples.
+over sliding windows of a quarter of the samples. HumanEval and MBPP results give Table 3:
+per method, pass@1 from the greedy completion, pass@k from the ``n`` samples by eq. 5, and
+the shares of samples that parse and that pass the name check.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def report(path: str | os.PathLike[str], plots: str | os.PathLike[str] | None = 
         return tfv1_report(header, records, plots)
     if kind == "binary":
         return binary_report(header, records, plots)
-    raise AdaptrackError(f"{path}: unknown task {kind!r} in the header (tfv1 or binary)")
+    if kind in CODE_TASKS:
+        return code_report(header, records)
+    raise AdaptrackError(f"{path}: unknown task {kind!r} in the header (tfv1, binary, "
+                         f"{', '.join(CODE_TASKS)})")
 
 
 def _order(methods: Sequence[str]) -> list[str]:
@@ -210,6 +215,117 @@ def _plot_tfv1(s: dict[str, Any], ks: list[int], out: Path) -> Path:
     return path
 
 
+# -- code: HumanEval, MBPP ---------------------------------------------------------------
+
+CODE_TASKS = {"humaneval": "HumanEval", "mbpp": "MBPP"}
+CODE_KS = (1, 5, 10, 20, 100)
+
+
+def code_scores(records: list[Record]) -> dict[str, Any]:
+    """Per method, over the problems every method in ``records`` has: pass@1 of the greedy
+    completion, pass@k of the samples by eq. 5 (k <= n), the shares of samples that parse
+    and that pass the name check (``None`` where the records hold no name check), sample
+    outcomes by status, and calls per sample. A job that raised an error scores as a miss,
+    as in :func:`tfv1_scores`.
+
+    >>> def rec(p, m, ok):
+    ...     row = {"status": "pass" if ok else "fail", "parses": True, "names": ok}
+    ...     return {"problem": p, "method": m, "greedy": row, "samples": [row, row],
+    ...             "lm_requests": [3, 5], "seconds": 1.0}
+    >>> s = code_scores([rec("a", "cd", True), rec("b", "cd", False), rec("a", "x", True)])
+    >>> s["problems"], s["cells"]["cd"]["pass"], s["cells"]["cd"]["names"]
+    (1, {'greedy': 1.0, 1: 1.0}, 1.0)
+    """
+    by_method: dict[str, dict[str, Record]] = defaultdict(dict)
+    for r in records:
+        by_method[r["method"]][r["problem"]] = r
+    if not by_method:
+        raise AdaptrackError("the results file has no finished jobs yet")
+    common = set.intersection(*(set(c) for c in by_method.values()))
+    every = set().union(*(set(c) for c in by_method.values()))
+    finished = [r for c in by_method.values() for r in c.values() if "error" not in r]
+    n = min((len(r["samples"]) for r in finished), default=0)
+    out: dict[str, Any] = {"problems": len(common), "dropped": len(every - common), "n": n,
+                           "ks": [k for k in CODE_KS if k <= n],
+                           "methods": _order(list(by_method)), "cells": {}, "errors": {},
+                           "wall_seconds": wall_seconds(records),
+                           "isolated": all(r.get("isolated", True) for r in finished)}
+    nan = float("nan")
+    for method, by_problem in by_method.items():
+        rows = [by_problem[p] for p in sorted(common)]
+        ok = [r for r in rows if "error" not in r]
+        if len(ok) < len(rows):
+            out["errors"][method] = len(rows) - len(ok)
+        if not rows:
+            continue
+        passed: dict[Any, float] = {
+            "greedy": sum("error" not in r and r["greedy"]["status"] == "pass"
+                          for r in rows) / len(rows)}
+        for k in out["ks"]:
+            passed[k] = metrics.mean_at_k(
+                ((n, 0) if "error" in r else
+                 (len(r["samples"]), sum(s["status"] == "pass" for s in r["samples"]))
+                 for r in rows), k)
+        samples = [s for r in ok for s in r["samples"]]
+        named = [s["names"] for s in samples if s.get("names") is not None]
+        statuses = Counter(s["status"] for s in samples)
+        calls = [sum(r["lm_requests"]) / len(r["lm_requests"]) for r in ok]
+        out["cells"][method] = {
+            "pass": passed,
+            "parses": sum(s["parses"] for s in samples) / len(samples) if samples else nan,
+            "names": sum(named) / len(named) if named else None,
+            "statuses": {k: v / len(samples) for k, v in statuses.items()} if samples else {},
+            "calls": sum(calls) / len(calls) if calls else nan,
+            "seconds": sum(r["seconds"] for r in ok) / len(ok) if ok else nan,
+        }
+    return out
+
+
+def code_report(header: dict[str, Any], records: list[Record]) -> str:
+    """Table 3 of a HumanEval or MBPP results file (markdown)."""
+    s = code_scores(records)
+    title = CODE_TASKS.get(header.get("task", ""), header.get("task"))
+    cells, ks = s["cells"], s["ks"]
+    with_names = any(c["names"] is not None for c in cells.values())
+    columns = (["pass@1 (greedy)", *[f"pass@{k}" + (" (samples)" if k == 1 else "")
+                                      for k in ks], "parse"]
+               + (["name check"] if with_names else [])
+               + ["fail / timeout / error", "calls/sample", "s/problem"])
+    rows = {}
+    for m in s["methods"]:
+        if m not in cells:
+            continue
+        c = cells[m]
+        st = c["statuses"]
+        rows[m] = ([_pct(c["pass"]["greedy"]), *[_pct(c["pass"][k]) for k in ks],
+                    _pct(c["parses"])]
+                   + ([_pct(c["names"]) if c["names"] is not None else "n/a"]
+                      if with_names else [])
+                   + [" / ".join(_pct(st.get(x, 0.0)) for x in ("fail", "timeout", "error")),
+                      f"{c['calls']:.1f}", f"{c['seconds']:.1f}"])
+    shots = f", {header['shots']}-shot" if "shots" in header else ""
+    lines = [f"# {title}: {s['problems']} problems, n = {s['n']}", "",
+             f"{_about(header)}, top-p {header.get('top_p')}, max_new_tokens "
+             f"{header.get('max_new_tokens')}, data "
+             f"{header.get('data')}{shots}; sandbox limits {header.get('timeout')} s and "
+             f"{(header.get('memory_bytes') or 0) / 2**20:.0f} MiB per program"
+             f"{'' if s['isolated'] else ', with network (no namespace isolation here)'}. "
+             f"Wall time {s['wall_seconds'] / 60:.1f} min."]
+    if s["dropped"]:
+        lines.append(f"{s['dropped']} more problems lack some method (the run has not "
+                     "finished them) and are left out.")
+    if s["errors"]:
+        shown = ", ".join(f"{m}: {c}" for m, c in sorted(s["errors"].items()))
+        lines.append(f"Jobs that raised an error, scored as misses: {shown} (the records "
+                     "say why).")
+    lines += ["", "## Functional correctness (Table 3)", "",
+              "pass@1 (greedy) is the greedy completion; pass@k is eq. 5 over the samples. "
+              "Parse: samples whose program up to the completion parses; name check: samples "
+              "the python constraint (names=True) accepts; fail / timeout / error: how the "
+              "other samples ended in the sandbox.", "", *_table(columns, rows)]
+    return "\n".join(lines)
+
+
 # -- binary ------------------------------------------------------------------------------
 
 
@@ -329,4 +445,5 @@ def _plot_binary(s: dict[str, Any], header: dict[str, Any], out: Path) -> Path:
     return path
 
 
-__all__ = ["binary_report", "binary_scores", "report", "tfv1_report", "tfv1_scores"]
+__all__ = ["binary_report", "binary_scores", "code_report", "code_scores", "report",
+           "tfv1_report", "tfv1_scores"]

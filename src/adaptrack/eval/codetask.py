@@ -1,0 +1,290 @@
+"""What the code tasks (HumanEval, MBPP) share: problems, the constraint, checks and a job.
+
+A :class:`CodeProblem` is a prompt the model continues, the code the completion continues
+(``prefix``: the function's signature and docstring for HumanEval, nothing for MBPP, whose
+completions are whole programs), the stop strings that end a completion, and the test code
+run after it. A completion is the generated text cut at its first stop string (as the
+Codex paper's sampling stops there); the program run in the sandbox
+(:mod:`adaptrack.eval.sandbox`) is ``prefix + completion + "\\n" + tests``.
+
+Per completion a job records: the sandbox's outcome (``pass``, ``fail``, ``timeout``,
+``error``), whether ``prefix + completion`` parses (:func:`ast.parse`), and whether the
+constraint (the python constraint with ``names=True``) accepts the completion: the "name
+check". The constrained methods decode with that constraint, built by the task's
+``constraint`` function (default :func:`python_constraint`).
+
+>>> p = CodeProblem("t/0", "def f():\\n", "def f():\\n", ("\\ndef",), "assert f() == 1")
+>>> cut_at_stop("    return 1\\ndef g(): pass", p.stop)
+'    return 1'
+>>> parses(p, "    return 1")
+True
+>>> run_completion(p, "    return 1", timeout=10, memory_bytes=2**30).status
+'pass'
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import constraints
+from ..constraints import DONE, Constraint, anything
+from ..errors import AdaptrackError
+from ..tokenization.vocab import Vocabulary
+from .runner import Job, ModelTask, Record, check_methods, seed_for
+from .sandbox import Outcome, run_program
+
+#: The Codex paper's stop strings for HumanEval: a completion ends where top-level code
+#: that is not the function's body begins.
+STOP = ("\ndef", "\nclass", "\nif", "\nprint")
+METHODS = ("unconstrained", "cd", "adaptrack", "exact")
+#: pass@k columns of Table 3 (those with k <= n are shown).
+KS = (1, 5, 10, 20, 100)
+
+ConstraintFactory = Callable[[str, tuple[str, ...]], Constraint]
+
+
+@dataclass(frozen=True)
+class CodeProblem:
+    """One code problem (module docstring): ``task_id``, the model's ``prompt``, the
+    ``prefix`` the completion continues, the ``stop`` strings and the ``tests``."""
+
+    task_id: str
+    prompt: str
+    prefix: str
+    stop: tuple[str, ...]
+    tests: str
+
+    def program(self, completion: str) -> str:
+        """The program the sandbox runs for ``completion``."""
+        return self.prefix + completion + "\n" + self.tests + "\n"
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` up to its first stop string (all of it when it holds none)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def parses(problem: CodeProblem, completion: str) -> bool:
+    """Whether ``prefix + completion`` is a Python program (:func:`ast.parse`)."""
+    try:
+        ast.parse(problem.prefix + completion)
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
+        return False
+    return True
+
+
+def python_constraint(prefix: str, stop: tuple[str, ...]) -> Constraint:
+    """The python constraint for a completion of ``prefix``: every name it uses must be
+    defined (``names=True``), no module beyond the standard ones (``modules=None``).
+    :class:`~adaptrack.errors.AdaptrackError` when this installation has none."""
+    make = getattr(constraints, "python", None)
+    if make is None:
+        raise AdaptrackError("adaptrack.constraints.python is missing from this installation, "
+                             "so the constrained methods cannot run; use --methods "
+                             "unconstrained")
+    constraint: Constraint = make(prefix=prefix, names=True, modules=None, stop=stop)
+    return constraint
+
+
+def has_python_constraint() -> bool:
+    return getattr(constraints, "python", None) is not None
+
+
+# Every byte a token, and EOS: a constraint walked over text, one byte at a time.
+_BYTES = Vocabulary([bytes([b]) for b in range(256)] + [None], eos_ids=[256])
+
+
+def _walk(matcher: Any, data: bytes, eos: bool) -> bool:
+    state = matcher.start()
+    tokens = list(data) + ([256] if eos else [])
+    for i, token in enumerate(tokens):
+        state = matcher.advance(state, token)
+        if state is None:
+            return False
+        if state is DONE:
+            return i == len(tokens) - 1
+    return False
+
+
+def accepts_text(constraint: Constraint, text: str, stop: tuple[str, ...] = ()) -> bool:
+    """Whether ``constraint`` accepts ``text`` as a whole output: ended by EOS, or by one of
+    the ``stop`` strings (a constraint may end a completion where a stop string begins).
+
+    >>> from adaptrack.constraints import choice
+    >>> accepts_text(choice(["ab"]), "ab"), accepts_text(choice(["ab"]), "a")
+    (True, False)
+    """
+    matcher = constraint.bind(_BYTES)
+    data = text.encode("utf-8")
+    return (_walk(matcher, data, eos=True)
+            or any(_walk(matcher, data + s.encode("utf-8"), eos=False) for s in stop))
+
+
+def run_completion(problem: CodeProblem, completion: str, *, timeout: float,
+                   memory_bytes: int) -> Outcome:
+    """The sandbox's outcome of ``completion``'s program."""
+    return run_program(problem.program(completion), timeout=timeout, memory_bytes=memory_bytes)
+
+
+@dataclass
+class CodeTask(ModelTask):
+    """A code benchmark run (subclasses give the problems and the header): per problem and
+    method, one greedy completion (pass@1) and ``n`` sampled ones (pass@k by eq. 5), each
+    executed in the sandbox.
+
+    One job's record: ``problem``, ``method``, ``greedy`` (one completion) and ``samples``
+    (``n``), each completion an object ``{"text", "status", "detail", "parses", "names"}``
+    (``names``: the name check, ``null`` without the python constraint); ``lm_requests``
+    (per sample), ``lm_calls``, ``backtracks``, ``incomplete``, ``seconds`` (generation),
+    ``exec_seconds`` and ``isolated`` (whether the sandbox had no network); or ``error``
+    (an :class:`~adaptrack.errors.AdaptrackError` of generation, scored as a miss).
+    """
+
+    model: str | None = None
+    backend: str = "auto"
+    device: str = "auto"
+    methods: tuple[str, ...] = METHODS
+    n: int = 10
+    limit: int | None = None
+    temperature: float = 1.0
+    #: The constraint is lazy (each candidate token costs a parse), so the nucleus's cut
+    #: (docs/design.md §2) bounds the checks per step; with top_p=1 every token of the
+    #: vocabulary is checked at every step.
+    top_p: float = 0.95
+    max_new_tokens: int = 256
+    seed: int = 0
+    #: Sandbox limits per program: wall seconds and address-space bytes.
+    timeout: float = 10.0
+    memory_bytes: int = 2**30
+    #: Builds the constrained methods' constraint from (prefix, stop); a module-level
+    #: function, so that the task pickles to worker processes.
+    constraint: ConstraintFactory | None = None
+    #: Programs run at once (each in its own process); jobs a worker runs together, and
+    #: prefixes per model call. None changes a record, so none is in the header.
+    exec_workers: int = 2
+    group: int = 8
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        check_methods(self.methods)
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError("n and max_new_tokens must be at least 1")
+        if not self.temperature > 0:
+            raise ValueError("the samples need temperature > 0 (pass@1 is greedy already); "
+                             f"got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.timeout > 0 or self.memory_bytes < 2**24:
+            raise ValueError(f"timeout must be > 0 and memory_bytes at least 16 MiB, got "
+                             f"{self.timeout} and {self.memory_bytes}")
+        constrained = [m for m in self.methods if m != "unconstrained"]
+        if constrained and self.constraint is None and not has_python_constraint():
+            raise ValueError(f"method {constrained[0]!r} decodes with "
+                             "adaptrack.constraints.python, which this installation lacks; "
+                             "pass --methods unconstrained")
+
+    # -- what subclasses give ----------------------------------------------------------
+
+    name = "code"
+
+    def problems(self) -> list[CodeProblem]:
+        raise NotImplementedError
+
+    def data_config(self) -> dict[str, Any]:
+        return {}
+
+    # -- the Task protocol --------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        return {"task": self.name, **self.model_config(), "n": self.n,
+                "temperature": self.temperature, "top_p": self.top_p,
+                "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                "timeout": self.timeout, "memory_bytes": self.memory_bytes,
+                **self.data_config()}
+
+    def jobs(self) -> list[Job]:
+        return [{"key": f"{p.task_id}|{m}", "problem": p.task_id, "method": m}
+                for p in self.problems()[:self.limit] for m in self.methods]
+
+    def run(self, job: Job) -> Record:
+        return self.run_many([job])[0]
+
+    def _constraint(self, problem: CodeProblem) -> Constraint:
+        make = self.constraint or python_constraint
+        return make(problem.prefix, problem.stop)
+
+    def run_many(self, jobs: list[Job]) -> list[Record]:
+        """The records of ``jobs``, in order: their greedy and sampled ``generate`` calls
+        share one engine; then every completion runs in the sandbox."""
+        from ..generate import generate_each
+
+        by_id = {p.task_id: p for p in self.problems()}
+        calls, heads = [], []
+        for job in jobs:
+            p, method = by_id[job["problem"]], job["method"]
+            heads.append({"key": job["key"], "problem": p.task_id, "method": method})
+            constraint = anything() if method == "unconstrained" else self._constraint(p)
+            options = dict(prompt=p.prompt, constraint=constraint, method=method,
+                           max_new_tokens=self.max_new_tokens, top_p=self.top_p,
+                           seed=seed_for(self.seed, p.task_id, method))
+            calls += [dict(options, temperature=0),
+                      dict(options, n=self.n, temperature=self.temperature)]
+        out = generate_each(self.lm, calls, batch_size=self.batch_size)
+        records = []
+        for k, head in enumerate(heads):
+            greedy, sampled = out[2 * k], out[2 * k + 1]
+            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
+            if isinstance(err, AdaptrackError):  # recorded: the run goes on, the report counts
+                records.append({**head, "error": f"{type(err).__name__}: {err}"})
+                continue
+            if err is not None:
+                raise err
+            records.append({
+                **head, "texts": [greedy.samples[0].text, *sampled.texts],
+                "lm_requests": [s.lm_requests for s in sampled.samples],
+                "lm_calls": sampled.stats["lm_calls"],
+                "backtracks": sampled.stats["backtracks"],
+                "incomplete": sampled.stats["incomplete"],
+                "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"])})
+        return [self._score(by_id[r["problem"]], r) if "texts" in r else r for r in records]
+
+    def _score(self, problem: CodeProblem, record: Record) -> Record:
+        """``record`` with its completions cut, checked and executed (programs in parallel
+        processes, each program once however often it was sampled)."""
+        import time
+
+        texts = record.pop("texts")
+        completions = [cut_at_stop(t, problem.stop) for t in texts]
+        names_of: Callable[[str], bool | None]
+        if self.constraint is not None or has_python_constraint():
+            constraint = self._constraint(problem)
+            names_of = lambda c: accepts_text(constraint, c, problem.stop)  # noqa: E731
+        else:
+            names_of = lambda c: None  # noqa: E731
+        started = time.perf_counter()
+        unique = list(dict.fromkeys(completions))
+        with ThreadPoolExecutor(max(1, self.exec_workers)) as pool:
+            outcomes = dict(zip(unique, pool.map(
+                lambda c: run_completion(problem, c, timeout=self.timeout,
+                                         memory_bytes=self.memory_bytes), unique), strict=True))
+        checked = {c: (parses(problem, c), names_of(c)) for c in unique}
+        rows = [{"text": c, "status": outcomes[c].status, "detail": outcomes[c].detail,
+                 "parses": checked[c][0], "names": checked[c][1]} for c in completions]
+        return {**record, "greedy": rows[0], "samples": rows[1:],
+                "exec_seconds": time.perf_counter() - started,
+                "isolated": all(o.isolated for o in outcomes.values())}
+
+
+def file_digest(data: bytes) -> str:
+    """The first 16 hex digits of ``data``'s SHA-256 (a data file's identity in headers)."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+__all__ = ["METHODS", "STOP", "CodeProblem", "CodeTask", "accepts_text", "cut_at_stop",
+           "parses", "python_constraint", "run_completion"]

