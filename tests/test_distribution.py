@@ -1,4 +1,4 @@
-"""The distributional claims, checked against exact enumeration (design.md §3).
+"""The distributional claims, checked against exact enumeration (docs/design.md §3).
 
 Every run uses a fixed seed; thresholds follow from the sample size: chi-square p-values
 (p > 0.001 consistent, p < 1e-9 inconsistent) and binomial z-bounds of 4.5 sigma.
@@ -10,36 +10,12 @@ import math
 
 import numpy as np
 import pytest
-from scipy.stats import chi2
+from stats import chi_square_p, counts
 
 import adaptrack as at
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
 N = 20_000
-
-
-def counts(result: at.GenerationResult) -> dict[tuple[int, ...], int]:
-    """How often each complete sample occurred (CD's dead ends are left out)."""
-    out: dict[tuple[int, ...], int] = {}
-    for s in result.samples:
-        if s.complete:
-            out[s.tokens] = out.get(s.tokens, 0) + 1
-    return out
-
-
-def chi_square_p(observed: dict, target: dict) -> float:
-    """Goodness of fit; outcomes expected fewer than 5 times are pooled into one bin."""
-    assert set(observed) <= set(target), "a sample outside the target's support"
-    n = sum(observed.values())
-    big = [s for s in target if target[s] * n >= 5]
-    small = [s for s in target if target[s] * n < 5]
-    obs = [observed.get(s, 0) for s in big]
-    exp = [target[s] * n for s in big]
-    if small:
-        obs.append(sum(observed.get(s, 0) for s in small))
-        exp.append(sum(target[s] for s in small) * n)
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
-    return float(chi2.sf(stat, len(obs) - 1))
 
 
 def kl(observed: dict, target: dict) -> float:

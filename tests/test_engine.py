@@ -6,7 +6,7 @@ Statistical checks use fixed seeds and chi-square p-values (p > 0.001 consistent
 from __future__ import annotations
 
 import pytest
-from scipy.stats import chi2
+from stats import chi_square_p, counts
 
 import adaptrack as at
 from adaptrack.constraints import choice
@@ -17,29 +17,6 @@ from adaptrack.sampling.exact import Exact
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
 N = 3000
-
-
-def counts(res: at.GenerationResult) -> dict[tuple[int, ...], int]:
-    out: dict[tuple[int, ...], int] = {}
-    for s in res.samples:
-        if s.complete:
-            out[s.tokens] = out.get(s.tokens, 0) + 1
-    return out
-
-
-def chi_square_p(observed: dict, target: dict) -> float:
-    """Goodness of fit; outcomes expected fewer than 5 times are pooled into one bin."""
-    assert set(observed) <= set(target), "a sample outside the target's support"
-    n = sum(observed.values())
-    big = [s for s in target if target[s] * n >= 5]
-    small = [s for s in target if target[s] * n < 5]
-    obs = [observed.get(s, 0) for s in big]
-    exp = [target[s] * n for s in big]
-    if small:
-        obs.append(sum(observed.get(s, 0) for s in small))
-        exp.append(sum(target[s] for s in small) * n)
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
-    return float(chi2.sf(stat, len(obs) - 1))
 
 
 VOCAB_NO_AB = [b"a", b"b", b"c", b"<eos>"]  # no_ab's model: weights depend on the prompt too
