@@ -26,7 +26,7 @@ from adaptrack.constraints.api import API_TERMINATORS, ApiNames, api_names, from
 from adaptrack.constraints.base import DONE
 from adaptrack.constraints.choice import Choice
 from adaptrack.errors import AdaptrackError
-from adaptrack.eval import tfapi
+from adaptrack.eval import tfapi, wheels
 from adaptrack.tokenization.vocab import Vocabulary
 
 # --- the reference -------------------------------------------------------------------------
@@ -464,7 +464,7 @@ def test_a_failed_download_says_why(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching "
                                            "distribution found for tensorflow-cpu==0.0.1")
 
-    monkeypatch.setattr(tfapi.subprocess, "run", fail)
+    monkeypatch.setattr(wheels.subprocess, "run", fail)
     with pytest.raises(tfapi.TensorflowApiError, match="No matching distribution") as info:
         tfapi.tensorflow_api("0.0.1")
     assert isinstance(info.value, AdaptrackError)

