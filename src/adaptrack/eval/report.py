@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,18 @@ def wall_seconds(records: list[Record]) -> float:
     return total
 
 
+def _coverage(cells: Mapping[Any, dict[str, Record]]) -> tuple[set[str], int, list[Record],
+                                                                  int]:
+    """Over cells of {problem: record}: the problems every cell has, how many problems some
+    cell lacks, the records that finished without an error, and the smallest sample count
+    among them (the n every record can score EM@k or pass@k for)."""
+    common = set.intersection(*(set(c) for c in cells.values()))
+    every = set().union(*(set(c) for c in cells.values()))
+    finished = [r for c in cells.values() for r in c.values() if "error" not in r]
+    n = min((len(r["samples"]) for r in finished), default=0)
+    return common, len(every - common), finished, n
+
+
 def tfv1_scores(records: list[Record]) -> dict[str, Any]:
     """Per (method, setting): EM@k, calls per sample and time over the problems that every
     (method, setting) in ``records`` has. A job that raised an error scores as a miss (it
@@ -95,11 +107,8 @@ def tfv1_scores(records: list[Record]) -> dict[str, Any]:
                 cells[(r["method"], setting)][r["problem"]] = r
     if not cells:
         raise AdaptrackError("the results file has no finished TFv1 jobs yet")
-    common = set.intersection(*(set(c) for c in cells.values()))
-    all_problems = set().union(*(set(c) for c in cells.values()))
-    finished = [r for c in cells.values() for r in c.values() if "error" not in r]
-    n = min((len(r["samples"]) for r in finished), default=0)
-    out: dict[str, Any] = {"problems": len(common), "dropped": len(all_problems - common),
+    common, dropped, _, n = _coverage(cells)
+    out: dict[str, Any] = {"problems": len(common), "dropped": dropped,
                            "n": n, "settings": settings,
                            "methods": _order(sorted({m for m, _ in cells})), "cells": {},
                            "errors": {}, "wall_seconds": wall_seconds(records),
@@ -241,11 +250,8 @@ def code_scores(records: list[Record]) -> dict[str, Any]:
         by_method[r["method"]][r["problem"]] = r
     if not by_method:
         raise AdaptrackError("the results file has no finished jobs yet")
-    common = set.intersection(*(set(c) for c in by_method.values()))
-    every = set().union(*(set(c) for c in by_method.values()))
-    finished = [r for c in by_method.values() for r in c.values() if "error" not in r]
-    n = min((len(r["samples"]) for r in finished), default=0)
-    out: dict[str, Any] = {"problems": len(common), "dropped": len(every - common), "n": n,
+    common, dropped, finished, n = _coverage(by_method)
+    out: dict[str, Any] = {"problems": len(common), "dropped": dropped, "n": n,
                            "ks": [k for k in CODE_KS if k <= n],
                            "methods": _order(list(by_method)), "cells": {}, "errors": {},
                            "wall_seconds": wall_seconds(records),
