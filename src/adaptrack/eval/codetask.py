@@ -29,7 +29,7 @@ import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import constraints
 from ..constraints import DONE, Constraint, anything
@@ -37,6 +37,9 @@ from ..errors import AdaptrackError
 from ..tokenization.vocab import Vocabulary
 from .runner import Job, ModelTask, Record, check_methods, seed_for
 from .sandbox import Outcome, run_program
+
+if TYPE_CHECKING:
+    from ..generate import GenerationResult
 
 #: The Codex paper's stop strings for HumanEval: a completion ends where top-level code
 #: that is not the function's body begins.
@@ -222,36 +225,26 @@ class CodeTask(ModelTask):
     def run_many(self, jobs: list[Job]) -> list[Record]:
         """The records of ``jobs``, in order: their greedy and sampled ``generate`` calls
         share one engine; then every completion runs in the sandbox."""
-        from ..generate import generate_each
-
         by_id = {p.task_id: p for p in self.problems()}
-        calls, heads = [], []
+        calls = []
         for job in jobs:
             p, method = by_id[job["problem"]], job["method"]
-            heads.append({"key": job["key"], "problem": p.task_id, "method": method})
             constraint = anything() if method == "unconstrained" else self._constraint(p)
-            options = dict(prompt=p.prompt, constraint=constraint, method=method,
-                           max_new_tokens=self.max_new_tokens, top_p=self.top_p,
-                           seed=seed_for(self.seed, p.task_id, method))
-            calls += [dict(options, temperature=0),
-                      dict(options, n=self.n, temperature=self.temperature)]
-        out = generate_each(self.lm, calls, batch_size=self.batch_size)
-        records = []
-        for k, head in enumerate(heads):
-            greedy, sampled = out[2 * k], out[2 * k + 1]
-            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
-            if isinstance(err, AdaptrackError):  # recorded: the run goes on, the report counts
-                records.append({**head, "error": f"{type(err).__name__}: {err}"})
-                continue
-            if err is not None:
-                raise err
-            records.append({
-                **head, "texts": [greedy.samples[0].text, *sampled.texts],
-                "lm_requests": [s.lm_requests for s in sampled.samples],
-                "lm_calls": sampled.stats["lm_calls"],
-                "backtracks": sampled.stats["backtracks"],
-                "incomplete": sampled.stats["incomplete"],
-                "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"])})
+            calls.append(({"key": job["key"], "problem": p.task_id, "method": method},
+                          dict(prompt=p.prompt, constraint=constraint, method=method,
+                               max_new_tokens=self.max_new_tokens, top_p=self.top_p,
+                               seed=seed_for(self.seed, p.task_id, method))))
+
+        def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:
+            return {**head, "texts": [greedy.samples[0].text, *sampled.texts],
+                    "lm_requests": [s.lm_requests for s in sampled.samples],
+                    "lm_calls": sampled.stats["lm_calls"],
+                    "backtracks": sampled.stats["backtracks"],
+                    "incomplete": sampled.stats["incomplete"],
+                    "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"])}
+
+        records = self.greedy_and_sampled(calls, self.n, self.temperature, self.batch_size,
+                                          finish)
         return [self._score(by_id[r["problem"]], r) if "texts" in r else r for r in records]
 
     def _score(self, problem: CodeProblem, record: Record) -> Record:

@@ -38,9 +38,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Protocol
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
+
+if TYPE_CHECKING:
+    from ..generate import GenerationResult
 
 Job = dict[str, Any]
 Record = dict[str, Any]
@@ -596,6 +599,31 @@ class ModelTask:
 
     def model_config(self) -> dict[str, Any]:
         return {"model": self.model or "default", "backend": self.backend, "device": self.device}
+
+    def greedy_and_sampled(
+        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
+        batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
+    ) -> list[Record]:
+        """Per ``(head, options)``: one greedy and ``n`` sampled ``generate`` calls, all on one
+        engine; ``finish(head, greedy, sampled)`` makes the record. A job whose calls raised
+        an ``AdaptrackError`` gets ``{**head, "error": ...}``: the run goes on and the report
+        scores it as a miss; any other exception is a bug and propagates."""
+        from ..generate import generate_each
+
+        out = generate_each(self.lm, [c for _, options in calls for c in (
+            dict(options, temperature=0), dict(options, n=n, temperature=temperature))],
+            batch_size=batch_size)
+        records = []
+        for k, (head, _) in enumerate(calls):
+            greedy, sampled = out[2 * k], out[2 * k + 1]
+            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
+            if isinstance(err, AdaptrackError):
+                records.append({**head, "error": f"{type(err).__name__}: {err}"})
+            elif err is not None:
+                raise err
+            else:
+                records.append(finish(head, greedy, sampled))
+        return records
 
 
 def check_methods(methods: tuple[str, ...]) -> None:

@@ -45,11 +45,14 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..constraints import API_TERMINATORS, Choice, anything, api_names, choice
-from ..errors import AdaptrackError
 from .runner import Job, ModelTask, Record, check_methods, seed_for
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names, write_names
+
+if TYPE_CHECKING:
+    from ..generate import GenerationResult
 
 V1 = "compat.v1."
 SETTINGS = ("v1", "v2")
@@ -268,43 +271,32 @@ class TFv1Task(ModelTask):
         """The records of ``jobs``, in order, from one engine: every job's greedy and
         sampled ``generate`` calls share its batched model calls. A job's ``seconds`` runs
         from the group's start to its own last sample (jobs of a group overlap in time)."""
-        from ..generate import generate_each
-
-        calls, heads = [], []
+        calls = []
         for job in jobs:
             p, method, setting = problem(job["problem"]), job["method"], job["setting"]
             oracle = p.oracle if setting is None else {setting: p.oracle[setting]}
-            heads.append({"key": job["key"], "problem": p.api, "method": method,
-                          "setting": setting, "oracle": oracle})
             # Unconstrained stops where the name ends, like the constrained methods.
             constraint = (anything(API_TERMINATORS) if setting is None
                           else setting_constraint(setting, self.version))
-            options = dict(prompt=p.prompt, constraint=constraint, method=method,
-                           max_new_tokens=self.max_new_tokens,
-                           seed=seed_for(self.seed, p.api, method, setting))
-            calls += [dict(options, temperature=0),
-                      dict(options, n=self.n, temperature=self.temperature)]
-        out = generate_each(self.lm, calls, batch_size=self.batch_size)
-        records = []
-        for k, record in enumerate(heads):
-            greedy, sampled = out[2 * k], out[2 * k + 1]
-            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
-            if isinstance(err, AdaptrackError):  # recorded: the run goes on, the report counts
-                records.append({**record, "error": f"{type(err).__name__}: {err}"})
-                continue
-            if err is not None:
-                raise err
-            records.append({
-                **record,
-                "greedy": api_text(greedy.samples[0].text),
-                "samples": [api_text(s.text) for s in sampled.samples],
-                "texts": sampled.texts,
-                "lm_requests": [s.lm_requests for s in sampled.samples],
-                "lm_calls": sampled.stats["lm_calls"],
-                "backtracks": sampled.stats["backtracks"],
-                "incomplete": sampled.stats["incomplete"],
-                "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"]),
-            })
+            calls.append(({"key": job["key"], "problem": p.api, "method": method,
+                           "setting": setting, "oracle": oracle},
+                          dict(prompt=p.prompt, constraint=constraint, method=method,
+                               max_new_tokens=self.max_new_tokens,
+                               seed=seed_for(self.seed, p.api, method, setting))))
+
+        def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:
+            return {**head,
+                    "greedy": api_text(greedy.samples[0].text),
+                    "samples": [api_text(s.text) for s in sampled.samples],
+                    "texts": sampled.texts,
+                    "lm_requests": [s.lm_requests for s in sampled.samples],
+                    "lm_calls": sampled.stats["lm_calls"],
+                    "backtracks": sampled.stats["backtracks"],
+                    "incomplete": sampled.stats["incomplete"],
+                    "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"])}
+
+        records = self.greedy_and_sampled(calls, self.n, self.temperature, self.batch_size,
+                                          finish)
         return records
 
 
