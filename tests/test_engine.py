@@ -191,10 +191,19 @@ class ChainLM(at.TableLM):
             return [3, 1, 1, 1, 1, 1, 1]
 
         super().__init__(CHAIN_VOCAB, weights, eos=6)
-        self.fed: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.fed: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # chains fed
+        self.passes = 0  # batched model calls
+
+    def next_logprobs(self, prefixes):
+        self.passes += 1
+        return super().next_logprobs(prefixes)
+
+    def logprobs_along_many(self, requests):
+        self.passes += 1
+        return super().logprobs_along_many(requests)
 
     def _logprobs_along_many(self, requests):
-        self.fed += requests
+        self.fed += [(p, toks) for p, toks in requests if toks]  # (p, ()): a plain prefix
         return super()._logprobs_along_many(requests)
 
 
@@ -221,6 +230,19 @@ def test_cd_feeds_a_chain_at_its_head() -> None:
                       max_new_tokens=6)
     assert any(s.text == "abcd" for s in res.samples)
     assert lm.fed == [((0,), (1, 2, 3))]
+
+
+def test_plain_prefixes_and_chains_share_a_model_call() -> None:
+    """A step with a plain prefix (prompt [4]: "x" or "y" next) and a chain (prompt [0]:
+    "bcd" forced) makes one model call, not one for each kind."""
+    lm = ChainLM()
+    kw = dict(method="cd", n=1, seed=0, max_new_tokens=6)
+    out = generate_each(lm, [dict(kw, prompt=[0], constraint=choice(["abcd"])),
+                             dict(kw, prompt=[4], constraint=choice(["x", "y"]))])
+    assert [r.texts for r in out] == [["abcd"], [out[1].texts[0]]]
+    assert lm.fed == [((0,), (0, 1, 2, 3))]
+    # step 1: the chain "abcd" with its end, and "x"/"y" after [4]; step 2: EOS after it
+    assert lm.passes == 2
 
 
 def test_arguments_are_checked() -> None:

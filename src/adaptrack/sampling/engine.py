@@ -5,7 +5,7 @@ A request is one prefix tree, one method over it and ``n`` samples. Each step th
 lets every walk of every request run until it waits for a prefix's expansion, gathers
 those prefixes across all trees, and asks the model for all of them at once (at most
 ``batch_size`` prefixes and ``max_batch_tokens`` returned distributions per call; forced
-chains in one more call). Budgets and errors stay per request: a request whose search runs
+chains in the same call). Budgets and errors stay per request: a request whose search runs
 out of time or fails is closed with its error, and the others go on.
 
 Walks are generators that read like the paper's pseudocode (``sampling/base.py``). A walk
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -53,6 +52,10 @@ class Request:
     started: int = 0
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
+
+
+# A prefix to expand for a request; True: a chain head whose forced tokens are fed too.
+_Item = tuple["Request", Node, bool]
 
 
 class Engine:
@@ -103,74 +106,76 @@ class Engine:
         self.requests = [r for r in self.requests if not r.done]
         if not self.requests:
             return False
-        plain: list[tuple[Request, Node]] = []
-        heads: list[tuple[Request, Node]] = []
+        items: list[_Item] = []
         waited: dict[int, list[Node]] = {}
         for req in self.requests:
             nodes = [s.waits for s in req._slots.values() if isinstance(s.waits, Node)]
             try:
                 req.tree.check_time()  # between model calls: each request keeps its budget
-                p, h = req.tree.plan(nodes, eager=req.method.eager_chains)
+                plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
             except Exception as err:  # kept on the request; its owner raises it
                 self._fail(req, err)
                 continue
             waited[id(req)] = nodes
-            plain += [(req, n) for n in p]
-            heads += [(req, n) for n in h]
-        self._call(plain, 1, lambda reqs: self.lm.next_logprobs(reqs),
-                   lambda req, n: req.tree.prompt + n.tokens,
-                   lambda req, nodes, rows: req.tree.store(nodes, rows))
-        self._call(heads, 0, lambda reqs: self.lm.logprobs_along_many(reqs),
-                   lambda req, n: (req.tree.prompt + n.tokens, n.pending or ()),
-                   lambda req, nodes, rows: req.tree.store_chains(nodes, rows))
+            items += [(req, n, False) for n in plain] + [(req, n, True) for n in heads]
+        self._call(items)
         for req in self.requests:
             if not req.done and id(req) in waited:
                 req.tree.finish(waited[id(req)])
         return True
 
-    def _call(self, items: list[tuple[Request, Node]], rows_per_item: int,
-              ask: Callable[[list], Any], query: Callable[[Request, Node], object],
-              store: Callable[[Request, list[Node], Any], None]) -> None:
-        """Ask the model for ``items`` in chunks; a failing chunk is asked again request by
-        request, so that the error lands on the request that caused it."""
-        items = [(r, n) for r, n in items if not r.done]
-        for chunk in self._chunks(items, rows_per_item):
+    def _call(self, items: list[_Item]) -> None:
+        """Ask the model for ``items`` in chunks. Plain prefixes and forced chains share a
+        forward pass: with any chain in a chunk, a plain prefix is a chain of no tokens
+        (``logprobs_along_many``). A failing chunk is asked again request by request, so
+        that the error lands on the request that caused it."""
+        items = [it for it in items if not it[0].done]
+        for chunk in self._chunks(items):
             try:
-                rows = ask([query(r, n) for r, n in chunk])
+                if any(chain for _, _, chain in chunk):
+                    found = self.lm.logprobs_along_many(
+                        [(r.tree.prompt + n.tokens, n.pending or () if chain else ())
+                         for r, n, chain in chunk])
+                else:
+                    found = list(self.lm.next_logprobs(
+                        [r.tree.prompt + n.tokens for r, n, _ in chunk])[:, None])
             except Exception as err:  # attributed below
-                owners = list({id(r): r for r, _ in chunk}.values())
+                owners = list({id(r): r for r, _, _ in chunk}.values())
                 if len(owners) == 1:
                     self._fail(owners[0], err)
                     continue
                 for req in owners:
-                    self._call([(r, n) for r, n in chunk if r is req], rows_per_item, ask,
-                               query, store)
+                    self._call([it for it in chunk if it[0] is req])
                 continue
-            start = 0
-            while start < len(chunk):  # consecutive items of one request are stored together
-                req, end = chunk[start][0], start
-                while end < len(chunk) and chunk[end][0] is req:
-                    end += 1
-                if not req.done:
-                    try:
-                        store(req, [n for _, n in chunk[start:end]], rows[start:end])
-                    except Exception as err:
-                        self._fail(req, err)
-                start = end
+            for req in {id(r): r for r, _, _ in chunk}.values():
+                if req.done:
+                    continue
+                mine = [(n, chain, rows) for (r, n, chain), rows in zip(chunk, found,
+                                                                          strict=True)
+                        if r is req]
+                try:
+                    plain = [(n, rows[0]) for n, chain, rows in mine if not chain]
+                    if plain:
+                        req.tree.store([n for n, _ in plain], np.stack([r for _, r in plain]))
+                    heads = [(n, rows) for n, chain, rows in mine if chain]
+                    if heads:
+                        req.tree.store_chains([n for n, _ in heads], [r for _, r in heads])
+                except Exception as err:
+                    self._fail(req, err)
 
-    def _chunks(self, items: list[tuple[Request, Node]],
-                rows_per_item: int) -> list[list[tuple[Request, Node]]]:
-        out: list[list[tuple[Request, Node]]] = []
-        chunk: list[tuple[Request, Node]] = []
+    def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
+        out: list[list[_Item]] = []
+        chunk: list[_Item] = []
         rows = 0
-        for req, node in items:
-            k = rows_per_item or len(node.pending or ()) + 1
+        for item in items:
+            _, node, chain = item
+            k = len(node.pending or ()) + 1 if chain else 1
             full = len(chunk) >= self.batch_size or (
                 self.max_batch_tokens is not None and rows + k > self.max_batch_tokens)
             if chunk and full:
                 out.append(chunk)
                 chunk, rows = [], 0
-            chunk.append((req, node))
+            chunk.append(item)
             rows += k
         if chunk:
             out.append(chunk)
@@ -216,3 +221,26 @@ class Engine:
             slot.walk.close()
         req._slots.clear()
         req.error, req.done = err, True
+
+    def cancel(self, req: Request, err: BaseException) -> None:
+        """End ``req`` with ``err`` between steps (a server's timeout, a client that left):
+        its walks are closed and no model call is made for it again; the other requests go
+        on. A request already done is left as it is."""
+        if not req.done:
+            self._fail(req, err)
+
+    def prefixes(self, req: Request) -> dict[int, Node]:
+        """The prefix each running walk of ``req`` waits at, by sample index: for methods
+        that never go back (``cd``, ``unconstrained``) the sample so far, which a server
+        streams token by token. Walks waiting at a barrier or not started are left out.
+
+        >>> import adaptrack as at
+        >>> from adaptrack.sampling.cd import ConstrainedDecoding
+        >>> lm = at.TableLM([b"a", b"<eos>"], lambda prefix: [3, 1], eos=1)
+        >>> tree = PrefixTree(lm, [], at.constraints.choice(["aa"]).bind(lm.vocab))
+        >>> engine = Engine(lm)
+        >>> req = engine.submit(ConstrainedDecoding(tree, greedy=True), 1, 0, print)
+        >>> _ = engine.step(); _ = engine.step(); engine.prefixes(req)[0].tokens
+        (0,)
+        """
+        return {i: s.waits for i, s in req._slots.items() if isinstance(s.waits, Node)}
