@@ -357,6 +357,28 @@ class _Call:
             req.error.partial = self.result()  # type: ignore[attr-defined]
         return req.error
 
+    def use_tree(self, tree: PrefixTree) -> None:
+        """Sample from ``tree`` instead of the call's own, before :meth:`submit`: a tree an
+        earlier call built for the same prompt ids, constraint, temperature, top_p,
+        max_new_tokens and fast-forward (a server's cache of trees, ``adaptrack.serve``).
+        Its expansions are reused; the method starts afresh on it (its own Q, counters and
+        random streams), so a seed gives the samples a fresh tree gives. The budgets stay
+        this call's: time counts from this call's start, nodes and opened bytes from what
+        the tree already holds. ``result()``'s tree counters then include the earlier
+        calls'."""
+        own = self.tree
+        tree.started, tree.max_seconds = own.started, own.max_seconds
+        tree.max_nodes = tree.num_nodes + own.max_nodes
+        tree.max_opened_bytes = tree.opened_bytes + own.max_opened_bytes
+        old = self.sampler
+        self.tree = tree
+        if isinstance(old, AdapTrack):
+            self.sampler = AdapTrack(tree, old.greedy, share_q=old.share_q,
+                                     max_backtrack=old.max_backtrack,
+                                     min_backtrack_prob=old.min_backtrack_prob)
+        else:
+            self.sampler = type(old)(tree, old.greedy)
+
 
 def _engine(lm: LanguageModel, batch_size: int, max_batch_tokens: int | None) -> Engine:
     _integer("batch_size", batch_size, 1)
@@ -502,6 +524,40 @@ def generate_each(
     (['00000'], 'TreeLimitError')
     """
     return _serve(lm, calls, batch_size, max_batch_tokens, up_front=False)
+
+
+#: A call of :func:`prepare`: ``submit(engine, batch_size)`` queues it, ``outcome(request)``
+#: gives its result or error once the request is done.
+PreparedCall = _Call
+
+
+def prepare(lm: LanguageModel, prompt: str | Sequence[int], constraint: Constraint | None = None,
+            method: str = "adaptrack", n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+            max_new_tokens: int = 64, seed: int | None = None,
+            fast_forward: bool | FastForward = True, **options: Any) -> PreparedCall:
+    """One prompt of :func:`generate`, checked and set up but not run, for a caller that
+    steps its own :class:`~adaptrack.sampling.engine.Engine` (a server admitting requests as
+    they come, ``adaptrack.serve``). ``options`` are :func:`generate`'s keyword options but
+    ``batch_size`` and ``max_batch_tokens`` (the engine's). Bad arguments raise here, and so
+    do ``PromptTooLongError`` and an empty language found up front (``NoValidSequenceError``):
+    all before any model work.
+
+    >>> import adaptrack as at
+    >>> from adaptrack.sampling.engine import Engine
+    >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> call = prepare(lm, [], at.constraints.choice(["01", "10"]), method="cd", n=2, seed=0)
+    >>> engine = Engine(lm)
+    >>> req = call.submit(engine, batch_size=32)
+    >>> engine.run(); call.outcome(req).texts
+    ['10', '10']
+    """
+    try:
+        return _Call(lm, prompt, constraint, method, n, temperature, top_p, max_new_tokens, seed,
+                     fast_forward, **options)
+    except TypeError as err:
+        if "unexpected keyword" in str(err):
+            raise TypeError(f"prepare() got an unknown argument: {err}") from None
+        raise
 
 
 def _serve(lm: LanguageModel, calls: Sequence[dict[str, Any]], batch_size: int,

@@ -1,5 +1,5 @@
 """The ``adaptrack`` command: argument parsing and printing only, one module per command
-(``setup``, ``generate``, ``demo``, ``eval``, ``report``, ``bench``), each with
+(``setup``, ``generate``, ``demo``, ``eval``, ``report``, ``bench``, ``serve``), each with
 ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args) -> int``.
 
 Every user error ends in one ``adaptrack: error: ...`` line on stderr and exit status 2;
@@ -19,14 +19,14 @@ import sys
 
 from .. import __version__
 from ..errors import AdaptrackError
-from . import bench, demo, generate, report, setup
+from . import bench, demo, generate, report, serve, setup
 from . import eval as eval_
 from .common import USAGE_ERROR, Parser, UsageError, one_line
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (setup, generate, demo, eval_, report, bench)
+COMMANDS = (setup, generate, demo, eval_, report, bench, serve)
 
 
 def build_parser() -> Parser:

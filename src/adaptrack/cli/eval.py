@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..eval import binary as binary_task
-from ..eval import codetask, humaneval, tfv1
+from ..eval import codetask, humaneval, tfv1, tfv1real
 from ..eval import mbpp as mbpp_task
 from ..generate import METHODS
 from ..lm.load import BACKENDS, DEVICES
@@ -24,7 +24,7 @@ from .common import (
     probability,
 )
 
-HELP = "run an evaluation (TFv1, binary; HumanEval and MBPP code generation)"
+HELP = "run an evaluation (TFv1, TFv1Real, binary; HumanEval and MBPP code generation)"
 DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run resumes "
                "where it stopped.")
 
@@ -48,6 +48,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "shuffled order)")
     tf.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
                     help="most tokens per completion (default: 32)")
+    real = sub.add_parser(
+        "tfv1real", help="paper Table 2: complete the first tf.compat.v1 call of real code",
+        description="Per TFv1Real problem (a Python file of a pinned PyPI package, cut at its "
+                    "first tf.compat.v1 call; built on first use and cached) and method: one "
+                    "greedy and n sampled completions after the call's tf, in the v2 setting; "
+                    "EM@k against the call (paper Table 2).")
+    real.add_argument("--methods", type=names(METHODS), metavar="M,M",
+                      default=",".join(tfv1.METHODS),
+                      help=f"comma-separated methods (default: {','.join(tfv1.METHODS)})")
+    real.add_argument("-n", type=positive_int, default=20,
+                      help="sampled completions per problem (default: 20)")
+    real.add_argument("--limit", type=positive_int, metavar="N",
+                      help="run the first N problems (a fixed shuffled order)")
+    real.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
+                      help="most tokens per completion (default: 32)")
+    real.add_argument("--packages", metavar="FILE",
+                      help="the packages to build the problems from, one name==version a "
+                           "line (default: the 36 of adaptrack/eval/data/"
+                           "tfv1real-packages.txt)")
+    for api in (tf, real):
+        api.add_argument("--temperature", type=tfv1.parse_temperatures, default=[1.0],
+                         metavar="T,T",
+                         help="sampling temperature > 0, or several to sweep (the paper's "
+                              "Figure 5: 0.1,0.2,...,1.0; default: 1.0)")
+        api.add_argument("--max-backtrack", type=tfv1.parse_backtracks, default=[None],
+                         metavar="B,B",
+                         help="how many tokens back AdapTrack may backtrack (the paper's "
+                              "§7.2.2), or several to sweep (its Figure 7: 1,2,4,8,unlimited; "
+                              "default: unlimited); the other methods run once, unaffected")
     binary = sub.add_parser(
         "binary", help="paper RQ4: five random bits, KL to the exact target",
         description="Five random bits on a real model: valid are 00000 and any string "
@@ -100,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="address-space limit of each program in MiB (default: 1024)")
         code.add_argument("--exec-workers", type=positive_int, default=2, metavar="N",
                           help="programs run at once, each in its own process (default: 2)")
-    for task in (tf, binary, human, mbpp):
+    for task in (tf, real, binary, human, mbpp):
         task.add_argument("-o", "--out", metavar="FILE", required=True,
                           help="the JSONL results file (appended to when it exists)")
         task.add_argument("--model", metavar="SPEC",
@@ -114,12 +143,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                  "prefix trees, which llama.cpp's float16 KV reuse does not give)")
         task.add_argument("--device", choices=DEVICES, default="auto")
         # 0 passes here and the task refuses it, saying why (both studies sample).
-        task.add_argument("--temperature", type=non_negative_float, default=1.0, metavar="T",
-                          help="sampling temperature, > 0 (default: 1.0)")
+        if task not in (tf, real):  # theirs take lists (above)
+            task.add_argument("--temperature", type=non_negative_float, default=1.0,
+                              metavar="T", help="sampling temperature, > 0 (default: 1.0)")
         task.add_argument("--seed", type=non_negative_int, default=0, metavar="INT",
                           help="random seed, >= 0 (default: 0)")
         task.add_argument("--workers", type=positive_int, default=1, metavar="N",
-                          help="local worker processes, each loading the model (default: 1)")
+                          help="worker processes (--pool local) or Ray actors (--pool ray), "
+                               "each loading the model (default: 1)")
+        task.add_argument("--pool", choices=("local", "ray"), default="local",
+                          help="where workers run: local processes, or Ray actors on a Ray "
+                               "cluster (needs 'adaptrack[ray]'; default: local)")
+        task.add_argument("--ray-address", metavar="ADDR",
+                          help="the Ray cluster to join with --pool ray: auto, HOST:6379 or "
+                               "ray://HOST:10001 (default: start a local Ray on this "
+                               "machine's cores)")
         task.add_argument("--no-report", action="store_true",
                           help="do not print the report at the end")
 
@@ -127,11 +165,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..eval import runner
 
-    if args.eval == "tfv1":
-        task: Any = tfv1.TFv1Task(
-            model=args.model, backend=args.backend, device=args.device, methods=args.methods,
-            settings=args.settings, n=args.n, limit=args.limit, temperature=args.temperature,
-            max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if args.eval in ("tfv1", "tfv1real"):
+        api = dict(model=args.model, backend=args.backend, device=args.device,
+                   methods=args.methods, n=args.n, limit=args.limit,
+                   temperature=args.temperature, max_backtrack=args.max_backtrack,
+                   max_new_tokens=args.max_new_tokens, seed=args.seed)
+        task: Any = (tfv1.TFv1Task(**api, settings=args.settings) if args.eval == "tfv1"
+                     else tfv1real.TFv1RealTask(**api, packages=_packages(args.packages)))
     elif args.eval in ("humaneval", "mbpp"):
         options = dict(model=args.model, backend=args.backend, device=args.device,
                        methods=args.methods, n=args.n, limit=args.limit,
@@ -147,9 +187,12 @@ def run(args: argparse.Namespace) -> int:
         task = binary_task.BinaryTask(
             model=args.model, backend=args.backend, device=args.device, methods=args.methods,
             n=args.n, temperature=args.temperature, seed=args.seed)
+    if args.ray_address is not None and args.pool != "ray":
+        raise UsageError("--ray-address needs --pool ray")
+    workers = runner.pool(args.workers, kind=args.pool, address=args.ray_address)
     progress = _Progress("jobs")
     try:
-        runner.run(task, args.out, workers=args.workers, on_start=progress.start,
+        runner.run(task, args.out, workers=workers, on_start=progress.start,
                    on_record=progress.update)
     except OSError as err:
         raise UsageError(f"cannot write results file {args.out!r}: "
@@ -167,6 +210,15 @@ def run(args: argparse.Namespace) -> int:
 
         print(report(args.out), file=sys.stdout)
     return 0
+
+
+def _packages(path: str | None) -> tuple[str, ...]:
+    if path is None:
+        return ()
+    try:
+        return tfv1real.read_packages(path)
+    except ValueError as err:
+        raise UsageError(f"--{err}") from None
 
 
 class _Progress:

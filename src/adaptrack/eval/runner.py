@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
+from .sandbox import STATUSES
 
 if TYPE_CHECKING:
     from ..generate import GenerationResult
@@ -204,8 +205,29 @@ class Processes:
                 executor.shutdown(wait=False, cancel_futures=True)
 
 
-def pool(workers: int = 1) -> Pool:
-    """:class:`InProcess` for one worker, else :class:`Processes`."""
+POOLS = ("local", "ray")
+
+
+def pool(workers: int = 1, kind: str = "local", address: str | None = None) -> Pool:
+    """``kind="local"``: :class:`InProcess` for one worker, else :class:`Processes`;
+    ``kind="ray"``: ``workers`` Ray actors (:class:`~adaptrack.eval.raypool.RayPool`) on the
+    cluster at ``address``, or on a local Ray when it is None.
+
+    >>> type(pool(2)).__name__
+    'Processes'
+    >>> pool(2, kind="dask")
+    Traceback (most recent call last):
+    ...
+    ValueError: pool kind must be one of local, ray, got 'dask'
+    """
+    if kind not in POOLS:
+        raise ValueError(f"pool kind must be one of {', '.join(POOLS)}, got {kind!r}")
+    if kind == "ray":
+        from .raypool import RayPool
+
+        return RayPool(workers, address)
+    if address is not None:
+        raise ValueError(f"address is for kind='ray', got {address!r} with kind='local'")
     return InProcess() if workers == 1 else Processes(workers)
 
 
@@ -362,11 +384,36 @@ def _target_row(x: Any) -> bool:
             and _is_num(x[1]) and isinstance(x[2], str))
 
 
+def _backtrack(x: Any) -> bool:
+    return x is None or (_is_int(x) and x >= 0)
+
+
+# A sweep's header lists its values (eval/tfv1.py ApiTask); a record holds one of them.
+_SWEEP_HEADER: dict[str, Check] = {
+    "temperature": (lambda x: _is_num(x) or _list_of(_is_num)(x),
+                    "a number or a non-empty list of numbers"),
+    "max_backtrack": (lambda x: _backtrack(x) or _list_of(_backtrack)(x),
+                      "an integer >= 0, null, or a non-empty list of them")}
+_SWEEP: dict[str, Check] = {"temperature": NUMBER,
+                            "max_backtrack": (_backtrack, "an integer >= 0 or null")}
+_TFV1_HEADER: dict[str, Check] = {
+    "model": STR, "backend": STR, "device": STR, "n": POSITIVE, **_SWEEP_HEADER,
+    "max_new_tokens": POSITIVE, "seed": INT, "tf_version": STR}
+
+# eval/codetask.py CodeTask.config()
+_CODE_HEADER: dict[str, Check] = {
+    "model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
+    "top_p": NUMBER, "max_new_tokens": POSITIVE, "seed": INT, "timeout": NUMBER,
+    "memory_bytes": POSITIVE, "data": STR}
+
 HEADERS: dict[str, dict[str, Check]] = {
-    "tfv1": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
-             "max_new_tokens": POSITIVE, "seed": INT, "tf_version": STR},
+    "tfv1": _TFV1_HEADER,
+    "tfv1real": {**_TFV1_HEADER, "packages": (_list_of(lambda x: isinstance(x, str)),
+                                              "a non-empty list of strings"),
+                 "max_prompt_tokens": POSITIVE, "tokenizer": STR},
     "binary": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
                "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
+    "humaneval": _CODE_HEADER, "mbpp": {**_CODE_HEADER, "shots": INT},
 }
 """The options of each known task's header, by type (each may be absent: a run compares
 the whole header with its options anyway)."""
@@ -406,7 +453,7 @@ def _fields(obj: dict[str, Any], required: dict[str, Check],
 
 
 def _tfv1_record(r: Record) -> str | None:
-    wrong = _fields(r, _TFV1_JOB, _STAMPS)
+    wrong = _fields(r, _TFV1_JOB, {**_STAMPS, **_SWEEP})
     if wrong or "error" in r:  # a job that raised keeps its error and no results
         return wrong or _fields(r, {"error": STR})
     return _fields(r, _TFV1_DONE, {"backtracks": NUMBER, "incomplete": INT})
@@ -423,8 +470,45 @@ def _binary_record(r: Record) -> str | None:
     return wrong
 
 
+def _completion(x: Any) -> bool:
+    """One scored completion of a code record (eval/codetask.py CodeTask._score)."""
+    return (isinstance(x, dict) and isinstance(x.get("text"), str)
+            and x.get("status") in STATUSES and isinstance(x.get("detail"), str)
+            and isinstance(x.get("parses"), bool)
+            and "names" in x and (x["names"] is None or isinstance(x["names"], bool)))
+
+
+_COMPLETION = "an object {text, status (" + "|".join(STATUSES) + "), detail, parses, names}"
+_CODE_DONE: dict[str, Check] = {
+    "greedy": (_completion, _COMPLETION),
+    "samples": (_list_of(_completion), f"a non-empty list of {_COMPLETION}"),
+    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
+    "lm_calls": INT, "seconds": NUMBER}
+_CODE_MORE: dict[str, Check] = {
+    "backtracks": NUMBER, "incomplete": INT, "exec_seconds": NUMBER,
+    "isolated": (lambda x: isinstance(x, bool), "a boolean")}
+
+
+def _code_record(prefix: str) -> Callable[[Record], str | None]:
+    """The record check of a code task whose problem ids start with ``prefix``."""
+    problem: Check = (lambda x: isinstance(x, str) and x.startswith(prefix),
+                      f"a {prefix}N problem id")
+
+    def check(r: Record) -> str | None:
+        wrong = _fields(r, {"problem": problem, "method": STR}, _STAMPS)
+        if wrong or "error" in r:  # a job that raised keeps its error and no results
+            return wrong or _fields(r, {"error": STR})
+        wrong = _fields(r, _CODE_DONE, _CODE_MORE)
+        if wrong is None and len(r["lm_requests"]) != len(r["samples"]):
+            wrong = f"{len(r['samples'])} samples but {len(r['lm_requests'])} lm_requests"
+        return wrong
+
+    return check
+
+
 RECORDS: dict[str, Callable[[Record], str | None]] = {
-    "tfv1": _tfv1_record, "binary": _binary_record}
+    "tfv1": _tfv1_record, "tfv1real": _tfv1_record, "binary": _binary_record,
+    "humaneval": _code_record("HumanEval/"), "mbpp": _code_record("MBPP/")}
 """Each known task's record check: what is wrong with a record (an object with a string
 ``key``), or None. A task not named here (a user's own) needs only the ``key``."""
 

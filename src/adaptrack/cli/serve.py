@@ -1,0 +1,172 @@
+"""``adaptrack serve``: an OpenAI-compatible HTTP server over the model (``adaptrack.serve``).
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser()
+>>> add_arguments(parser)
+>>> args = parser.parse_args(["--port", "0", "--timeout", "30"])
+>>> args.host, args.port, args.timeout, args.max_concurrent, args.api_key is None
+('127.0.0.1', 0, 30.0, 16, True)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from ..generate import MAX_SECONDS
+from ..lm.default import GGUF_NAME
+from ..lm.load import BACKENDS, DEVICES, load_model
+from ..serve.engine_loop import TREE_CACHE_BYTES
+from .common import UsageError, non_negative_int, positive_int, seconds, utf8_text
+
+HELP = "serve the model over an OpenAI-compatible HTTP API"
+DESCRIPTION = ("Serve the model over HTTP with OpenAI's API (/v1/completions, "
+               "/v1/chat/completions, /v1/models) plus /health and /metrics; constraints "
+               "as vLLM spells them (response_format, guided_json, guided_regex, "
+               "guided_choice, guided_grammar) and adaptrack's decoding_method. Needs the "
+               "serve extra: pip install 'adaptrack[serve]'.")
+
+#: The environment variable read when ``--api-key`` is not given (a key on the command line
+#: is visible to every user of the machine in the process list).
+API_KEY_ENV = "ADAPTRACK_API_KEY"
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free one).
+
+    >>> port("65536")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be a port from 0 to 65535, got 65536
+    """
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="SPEC",
+                        help="a .gguf path, a Hugging Face model id or a local model directory "
+                             "(default: the default model, see `adaptrack setup`)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="model backend (default: auto: llama.cpp for a .gguf when "
+                             "installed)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="device (default: auto: CUDA when available)")
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help="CPU threads for the model (default: the backend's)")
+    parser.add_argument("--host", default="127.0.0.1", type=utf8_text,
+                        help="address to listen on (default: 127.0.0.1, this machine only; "
+                             "0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=port, default=8000,
+                        help="port (default: 8000; 0 picks a free one, printed at start)")
+    parser.add_argument("--api-key", metavar="KEY", type=utf8_text,
+                        help=f"require 'Authorization: Bearer KEY' on /v1/ requests (default: "
+                             f"${API_KEY_ENV} if set, else no key)")
+    parser.add_argument("--served-model-name", metavar="NAME",
+                        help="the model's id in /v1/models and requests (default: --model, "
+                             "or the default model's name)")
+    parser.add_argument("--max-concurrent", type=positive_int, default=16, metavar="N",
+                        help="requests sampled at once, their walks sharing model calls "
+                             "(default: 16)")
+    parser.add_argument("--max-queue", type=non_negative_int, default=64, metavar="M",
+                        help="requests waiting beyond those; more get 429 (default: 64)")
+    parser.add_argument("--timeout", type=seconds, default=MAX_SECONDS, metavar="S",
+                        help=f"seconds a request may take from its arrival, 'inf' for no "
+                             f"limit; past it 504 and its walks stop (default: "
+                             f"{MAX_SECONDS:g})")
+    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
+                        help="most prefixes per model call (default: 32)")
+    parser.add_argument("--tree-cache-bytes", type=non_negative_int, default=TREE_CACHE_BYTES,
+                        metavar="B",
+                        help="bytes of prefix trees kept for requests that repeat a prompt "
+                             "and its options; 0 keeps none (default: "
+                             f"{TREE_CACHE_BYTES >> 20} MiB)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"),
+                        help="uvicorn's log level (default: info: one line per request)")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: a free one), or a ``UsageError`` saying
+    why not.
+
+    >>> sock = listen("127.0.0.1", 0)
+    >>> sock.getsockname()[1] > 0
+    True
+    >>> sock.close()
+    """
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET  # a host name: resolved by bind
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..serve import create_app
+    except ImportError as err:
+        raise UsageError(f"adaptrack serve needs the serve extra: pip install "
+                         f"'adaptrack[serve]' ({err})") from None
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    sock = listen(args.host, args.port)  # before the model loads: a taken port fails fast
+    try:
+        lm = load_model(args.model, backend=args.backend, device=args.device,
+                        threads=args.threads)
+        name = args.served_model_name or args.model or GGUF_NAME.split(".")[0]
+        app = create_app(lm, model_name=name, api_key=api_key,
+                         max_concurrent=args.max_concurrent, max_queue=args.max_queue,
+                         timeout=args.timeout, batch_size=args.batch_size,
+                         tree_cache_bytes=args.tree_cache_bytes)
+        host, port = sock.getsockname()[:2]
+        where = f"[{host}]" if ":" in host else host
+        print(f"adaptrack: serving {name!r} at http://{where}:{port}/v1 (SIGTERM or Ctrl-C "
+              "stops after the requests in flight)", file=sys.stderr, flush=True)
+        if not _loopback(args.host) and api_key is None:
+            print(f"adaptrack: warning: listening on {args.host} without an API key: anyone "
+                  f"who can reach it can use the model (--api-key or ${API_KEY_ENV})",
+                  file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
+                                timeout_graceful_shutdown=None)
+        _serve(uvicorn.Server(config), sock)
+    finally:
+        sock.close()
+    return 0
+
+
+def _serve(server: Any, sock: socket.socket) -> None:
+    """Run uvicorn until SIGTERM or SIGINT, then let it finish the requests in flight.
+    uvicorn raises the signal again once it has shut down; a handler that ignores it makes
+    that a normal exit (status 0) instead of death by the signal."""
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM,
+                                                                     signal.SIGINT)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,443 @@
+"""The engine of ``adaptrack serve``: one thread that steps an
+:class:`~adaptrack.sampling.engine.Engine` over the walks of every request in flight.
+
+Continuous batching: the HTTP side hands prepared calls (:func:`adaptrack.generate.prepare`)
+to :meth:`EngineLoop.submit`, a thread-safe queue. The engine thread admits them between
+steps, up to ``max_concurrent`` requests at once, so that every walk of every request in
+flight waits for the same batched model calls (docs/design.md §4, the engine); a request
+that ends leaves at the next step and a waiting one takes its place. Each request keeps its
+own budgets and errors: one that fails, runs past its time, or whose client leaves is
+cancelled (:meth:`Engine.cancel`) and the others go on.
+
+Tree reuse: a request's prefix tree is kept after it succeeds, in an LRU bounded in bytes
+(:data:`TREE_CACHE_BYTES`), under what determines the tree (prompt ids, constraint,
+temperature, top_p, max_tokens, fast-forward: :meth:`Options.tree_key`). A later request with
+the same key samples from it (:meth:`PreparedCall.use_tree`): the prefixes it evaluated are
+not asked of the model again, and a seed gives the samples a fresh tree gives. A tree serves
+one request at a time; an identical request that arrives meanwhile builds its own (the
+backend's KV cache still shares the prompt's prefill).
+
+Events reach the HTTP side through each job's ``sink``, called on this thread: ``("delta",
+index, text, tokens)`` (a piece of a choice streamed token by token), ``("choice",
+Choice)`` (a choice is final), then ``("done", Outcome)`` or ``("error", APIError)``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cache import LRU
+from ..errors import SearchTimeoutError
+from ..generate import PreparedCall, Sample
+from ..lm.base import LanguageModel
+from ..sampling.engine import Engine, Request
+from ..sampling.tree import Node, PrefixTree
+from .metrics import Metrics
+from .protocol import APIError, Choice, Options, error_for, usage_body
+
+#: The tree cache's default bound in bytes (an estimate of each tree's memory:
+#: :func:`tree_bytes`).
+TREE_CACHE_BYTES = 512 << 20
+#: Bytes a prefix node costs beyond its tokens (its object, children dict, constraint
+#: state): an estimate for :func:`tree_bytes`.
+NODE_BYTES = 400
+#: Methods whose walks never go back: a choice's prefix is final as it grows, so it can be
+#: streamed token by token and cut at a stop string while the walk runs.
+FORWARD_ONLY = ("cd", "unconstrained")
+
+Event = tuple[Any, ...]
+
+
+def tree_bytes(tree: PrefixTree) -> int:
+    """An estimate of a prefix tree's memory: its expansions (opened and cached) and its
+    nodes, each with a token tuple and a state of up to ``max_new_tokens`` entries."""
+    per_node = NODE_BYTES + 8 * tree.max_new_tokens
+    return tree.opened_bytes + tree.cache_bytes + tree.num_nodes * per_node
+
+
+def stop_cut(text: str, stops: tuple[str, ...]) -> int:
+    """Where ``text`` is cut by its stop strings: before the one that ends first (the one a
+    token-by-token check meets first; at equal ends the longer), or -1 when none occurs.
+
+    >>> stop_cut("a, b. c", (".", ", b"))
+    1
+    >>> stop_cut("abc", ("x",))
+    -1
+    """
+    best: tuple[int, int] | None = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or (i + len(s), i) < best):
+            best = (i + len(s), i)
+    return -1 if best is None else best[1]
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many final characters of ``text`` could start a stop string: not streamed yet."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
+
+
+def _text_so_far(data: bytes) -> str:
+    """The text of a prefix's bytes, an incomplete final character held back."""
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
+
+
+def _logprobs_to(node: Node) -> list[float]:
+    """Per-token log-probabilities of the path from the root to ``node``."""
+    out: list[float] = []
+    while node.parent is not None:
+        out.append(node.logprob - node.parent.logprob)
+        node = node.parent
+    return out[::-1]
+
+
+def _path_logprobs(tree: PrefixTree, tokens: tuple[int, ...]) -> list[float]:
+    node = tree.root
+    for t in tokens:
+        node = node.children[t]
+    return _logprobs_to(node)
+
+
+class _Finished(Exception):
+    """Every choice of a request is final (each hit a stop string): its walks can stop."""
+
+
+@dataclass
+class Outcome:
+    """What a successful request returns: its choices, usage and ``adaptrack`` stats."""
+
+    choices: list[Choice]
+    usage: dict[str, int]
+    stats: dict[str, Any]
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request in the engine: a prepared call per prompt, the tree keys, the
+    parsed options, where events go, and when it arrived and must end (monotonic)."""
+
+    calls: list[PreparedCall]
+    keys: list[Hashable]
+    opts: Options
+    sink: Callable[[Event], None]
+    arrived: float = field(default_factory=time.monotonic)
+    deadline: float | None = None
+    requests: list[Request] = field(default_factory=list)
+    choices: dict[int, Choice] = field(default_factory=dict)
+    admitted: float | None = None
+    over: bool = False
+    _base: list[tuple[int, int, int]] = field(default_factory=list)
+    _reused: int = 0
+    _sent: dict[int, tuple[str, int]] = field(default_factory=dict)  # text, tokens streamed
+
+    @property
+    def total(self) -> int:
+        return len(self.calls) * self.opts.n
+
+    @property
+    def watched(self) -> bool:
+        """Whether the prefixes are read after each step: streamed token by token, or cut
+        at a stop string while the walk runs (methods that never go back)."""
+        return self.opts.method in FORWARD_ONLY and bool(self.opts.stream or self.opts.stop)
+
+
+class EngineLoop:
+    """The engine thread and its queue.
+
+    >>> import adaptrack as at
+    >>> from adaptrack.serve.protocol import parse, prepare_calls
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> loop = EngineLoop(lm)
+    >>> loop.start()
+    >>> opts = parse(b'{"prompt": "a", "guided_choice": ["ab", "ba"], "seed": 0}', "completion", lm)
+    >>> events = []
+    >>> done = threading.Event()
+    >>> def sink(event):
+    ...     events.append(event)
+    ...     done.set() if event[0] in ("done", "error") else None
+    >>> job = loop.submit(prepare_calls(lm, opts), opts, sink)
+    >>> done.wait(10), events[-1][1].choices[0].text
+    (True, 'ab')
+    >>> loop.close()
+    """
+
+    def __init__(self, lm: LanguageModel, *, batch_size: int = 32,
+                 max_batch_tokens: int | None = 1024, max_concurrent: int = 16,
+                 max_queue: int = 64, timeout: float | None = None,
+                 tree_cache_bytes: int = TREE_CACHE_BYTES,
+                 metrics: Metrics | None = None) -> None:
+        self.lm, self.batch_size, self.max_batch_tokens = lm, batch_size, max_batch_tokens
+        self.max_concurrent, self.max_queue, self.timeout = max_concurrent, max_queue, timeout
+        self.metrics = metrics or Metrics()
+        self.engine = Engine(lm, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+        self.trees: LRU[Hashable, PrefixTree] = LRU(tree_cache_bytes, size=tree_bytes)
+        self._cond = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._cancels: list[tuple[Job, BaseException]] = []
+        self._running: list[Job] = []
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="adaptrack-engine", daemon=True)
+
+    # -- the HTTP side (any thread) ------------------------------------------------------
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._pending)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (it stops only after :meth:`close`)."""
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, calls: list[PreparedCall], opts: Options,
+               sink: Callable[[Event], None]) -> Job:
+        """Queue a request; :class:`APIError` 429 (with ``Retry-After``) when the queue is
+        full, 503 once the server is shutting down."""
+        keys = [opts.tree_key(call.ids) for call in calls]
+        job = Job(calls, keys, opts, sink)
+        if self.timeout is not None:
+            job.deadline = job.arrived + self.timeout
+        with self._cond:
+            if self._closing or not self.alive:
+                raise APIError(503, "the server is shutting down; retry later or on another",
+                               code="shutting_down")
+            if len(self._pending) + len(self._running) >= self.max_concurrent + self.max_queue:
+                raise APIError(429, f"the server is busy: {len(self._running)} requests "
+                                    f"running and {len(self._pending)} waiting; retry later",
+                               code="queue_full", headers={"Retry-After": "1"})
+            self._pending.append(job)
+            self._cond.notify()
+        return job
+
+    def cancel(self, job: Job, reason: BaseException) -> None:
+        """End ``job`` with ``reason`` at the engine's next turn (its client left, say)."""
+        with self._cond:
+            self._cancels.append((job, reason))
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish those queued and running, and stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._pending or self._running or self._cancels or self._closing):
+                    self._cond.wait()
+                if self._closing and not (self._pending or self._running or self._cancels):
+                    return
+                cancels, self._cancels = self._cancels, []
+                now = time.monotonic()
+                expired = [j for j in self._pending if j.deadline is not None
+                           and now > j.deadline]
+                for job in expired:
+                    self._pending.remove(job)
+                admit: list[Job] = []
+                while self._pending and len(self._running) + len(admit) < self.max_concurrent:
+                    admit.append(self._pending.popleft())
+            for job, reason in cancels:
+                self._guarded(job, self._cancel, job, reason)
+            for job in expired:
+                self._guarded(job, self._finish, job, self._timeout(job))
+            for job in admit:
+                self._guarded(job, self._admit, job)
+            for job in list(self._running):
+                if job.deadline is not None and now > job.deadline:
+                    self._guarded(job, self._cancel, job, self._timeout(job))
+            if not self._running:
+                continue
+            try:
+                self.engine.step()
+            except Exception as err:  # a bug, not a request's error: keep serving
+                for job in list(self._running):
+                    self._guarded(job, self._finish, job, err)
+                self.engine = Engine(self.lm, batch_size=self.batch_size,
+                                     max_batch_tokens=self.max_batch_tokens)
+                continue
+            for job in list(self._running):
+                if job.watched and not job.over:
+                    self._guarded(job, self._watch, job)
+                if not job.over and all(r.done for r in job.requests):
+                    self._guarded(job, self._finish, job)
+
+    def _guarded(self, job: Job, step: Callable[..., None], *args: Any) -> None:
+        """Run one piece of the loop's work on ``job``; if it fails (a bug), that job fails
+        with the error and the thread goes on serving the others."""
+        try:
+            step(*args)
+        except Exception as err:
+            for req in job.requests:
+                self.engine.cancel(req, err)
+            if job in self._running:
+                self._running.remove(job)
+            if not job.over:
+                job.over = True
+                self._emit(job, ("error", error_for(err)))
+
+    def _timeout(self, job: Job) -> SearchTimeoutError:
+        return SearchTimeoutError(
+            f"the request ran past the server's timeout of {self.timeout:g} s "
+            f"({time.monotonic() - job.arrived:.1f} s); lower n or max_tokens, or start the "
+            "server with a longer --timeout")
+
+    def _emit(self, job: Job, event: Event) -> None:
+        try:
+            job.sink(event)
+        except Exception:  # a sink whose client is gone must not stop the engine
+            pass
+
+    def _admit(self, job: Job) -> None:
+        job.admitted = time.monotonic()
+        for k, (call, key) in enumerate(zip(job.calls, job.keys, strict=True)):
+            tree = self.trees.pop(key)
+            if tree is not None:
+                call.use_tree(tree)
+                job._reused += 1
+            t = call.tree
+            job._base.append((t.lm_calls, t.forced_tokens, t.ff_sequences))
+            call.on_sample = lambda sample, job=job, k=k: self._sampled(job, k, sample)
+            job.requests.append(call.submit(self.engine, self.batch_size))
+        self._running.append(job)
+
+    def _sampled(self, job: Job, k: int, sample: Sample) -> None:
+        """A sample of prompt ``k`` finished: its choice is final (unless a stop string
+        already ended it)."""
+        call = job.calls[k]
+        i = next(j for j, s in enumerate(call.samples) if s is sample)
+        index = k * job.opts.n + i
+        if index in job.choices:
+            return
+        text, reason = sample.text, "stop" if sample.complete else "length"
+        cut = stop_cut(text, job.opts.stop)
+        if cut >= 0:
+            text, reason = text[:cut], "stop"
+        logprobs = (_path_logprobs(call.tree, sample.tokens) if job.opts.logprobs else None)
+        self._final(job, Choice(index, text, reason, sample.tokens, logprobs))
+
+    def _final(self, job: Job, choice: Choice) -> None:
+        job.choices[choice.index] = choice
+        if not job.opts.stream:
+            return
+        if job.watched:  # the rest of the text not streamed yet, then the end
+            sent, ntok = job._sent.get(choice.index, ("", 0))
+            rest = choice.text[len(sent):] if choice.text.startswith(sent) else ""
+            lps = None if choice.token_logprobs is None else choice.token_logprobs[ntok:]
+            if rest or lps:
+                self._emit(job, ("delta", choice.index, rest, choice.tokens[ntok:], lps))
+        self._emit(job, ("choice", choice))
+
+    def _watch(self, job: Job) -> None:
+        """After a step: stream each running choice's new text, and end the choices whose
+        text holds a stop string; once every choice is final, stop the walks."""
+        stops, n, vocab = job.opts.stop, job.opts.n, self.lm.vocab
+        for k, req in enumerate(job.requests):
+            if req.done:
+                continue
+            for i, node in self.engine.prefixes(req).items():
+                index = k * n + i
+                if index in job.choices:
+                    continue
+                text = _text_so_far(vocab.decode(node.tokens))
+                cut = stop_cut(text, stops)
+                if cut >= 0:
+                    lps = _logprobs_to(node) if job.opts.logprobs else None
+                    self._final(job, Choice(index, text[:cut], "stop", node.tokens, lps))
+                    continue
+                if not job.opts.stream:
+                    continue
+                visible = text[:len(text) - _held_back(text, stops)]
+                sent, ntok = job._sent.get(index, ("", 0))
+                if len(visible) > len(sent) and visible.startswith(sent):
+                    tokens = node.tokens[ntok:]
+                    lps = _logprobs_to(node)[ntok:] if job.opts.logprobs else None
+                    self._emit(job, ("delta", index, visible[len(sent):], tokens, lps))
+                    job._sent[index] = (visible, len(node.tokens))
+        if len(job.choices) == job.total:
+            for req in job.requests:
+                self.engine.cancel(req, _Finished())
+            self._finish(job)
+
+    def _cancel(self, job: Job, reason: BaseException) -> None:
+        if job.over:
+            return
+        if job in self._pending:
+            self._pending.remove(job)
+        for req in job.requests:
+            self.engine.cancel(req, reason)
+        self.metrics.add(cancelled=1)
+        self._finish(job, reason)
+
+    def _finish(self, job: Job, error: BaseException | None = None) -> None:
+        """Answer ``job``: its outcome, or the first error of its requests (the others
+        are then cancelled); trees of a success go back to the cache."""
+        if job.over:
+            return
+        job.over = True
+        if job in self._running:
+            self._running.remove(job)
+        if error is None:
+            error = next((r.error for r in job.requests
+                          if r.error is not None and not isinstance(r.error, _Finished)), None)
+        if error is not None:
+            for req in job.requests:
+                self.engine.cancel(req, error)
+            self._emit(job, ("error", error_for(error, job.opts.constraint_field)))
+            return
+        stats = self._stats(job)
+        for call, key in zip(job.calls, job.keys, strict=True):
+            held = self.trees.peek(key)
+            if held is None or held.num_nodes <= call.tree.num_nodes:
+                self.trees.put(key, call.tree)
+        choices = [job.choices[i] for i in sorted(job.choices)]
+        prompt_tokens = sum(len(call.ids) for call in job.calls)
+        completion_tokens = sum(len(c.tokens) for c in choices)
+        self.metrics.add(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         lm_calls=stats["lm_calls"], backtracks=stats["backtracks"],
+                         forced_tokens=stats["forced_tokens"],
+                         tree_reuses=stats["trees_reused"])
+        self._emit(job, ("done", Outcome(choices, usage_body(prompt_tokens, completion_tokens),
+                                         stats)))
+
+    def _stats(self, job: Job) -> dict[str, Any]:
+        """The ``adaptrack`` field: this request's model calls and counters (a reused
+        tree's earlier calls left out), its time in the queue and in all."""
+        out: dict[str, Any] = {"method": job.opts.method, "lm_calls": 0, "backtracks": 0,
+                               "restarts": 0, "forced_tokens": 0, "ff_sequences": 0,
+                               "tree_nodes": 0, "trees_reused": job._reused}
+        for call, (calls, forced, chains) in zip(job.calls, job._base, strict=True):
+            tree, sampler = call.tree, call.sampler
+            out["lm_calls"] += tree.lm_calls - calls
+            out["forced_tokens"] += tree.forced_tokens - forced
+            out["ff_sequences"] += tree.ff_sequences - chains
+            out["backtracks"] += sampler.backtracks
+            out["restarts"] += sampler.restarts
+            out["tree_nodes"] += tree.num_nodes
+        now = time.monotonic()
+        out["queue_seconds"] = round((job.admitted or now) - job.arrived, 6)
+        out["seconds"] = round(now - job.arrived, 6)
+        return out
