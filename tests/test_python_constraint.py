@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import adaptrack as at
@@ -181,14 +182,17 @@ def test_contract() -> None:
     assert_contract(python("import math\ndef f(x):\n"), vocab, walks=6)
 
 
-def test_a_stop_string_may_start_in_the_prefix() -> None:
+def test_a_stop_string_lies_in_the_generated_text() -> None:
+    # As the Codex paper's sampling (and eval/codetask.py's cut for unconstrained decoding):
+    # "def" right after a prompt that ends with a newline is no "\ndef".
     vocab = Vocabulary([b"def", b" g", b"\n", b"    return 1", b"<eos>"], eos_ids=[4])
     m = python("def f(x):\n    return x\n", stop=HUMANEVAL_STOP).bind(vocab)
-    assert m.advance(b"", 0) is at.constraints.DONE  # "\ndef": the prompt's newline + "def"
-    assert m.final_text(b"def g():") == b""
+    assert m.advance(b"", 0) == b"def"
+    assert m.final_text(b"def g():") == b"def g():"
     assert m.final_text(b"x = 1\ndef g():") == b"x = 1"
-    inside = python("def f(x):\n    ", stop=HUMANEVAL_STOP).bind(vocab)
-    assert inside.advance(b"", 0) == b"def"  # no newline before it: a nested def
+    assert m.advance(b"x = 1", 2) == b"x = 1\n" and m.advance(b"x = 1\n", 0) is at.constraints.DONE
+    ids = {bytes(vocab.bytes_of(t)) or b"<eos>" for t in m.finishing(b"").tolist()}
+    assert ids == {b"<eos>"}
 
 
 def test_modules_whose_import_acts_are_not_in_the_default_allowlist() -> None:
@@ -211,3 +215,45 @@ def test_pickles_after_use() -> None:
     assert c.prefix_ok("math.sq")  # imports math into the constraint's cache
     copy = pickle.loads(pickle.dumps(c))
     assert copy.prefix_ok("math.sq") and not copy.prefix_ok("math.sqq(")
+
+
+COMMENT_STATES = [s.encode() for s in [
+    "    # a comment", "    x = 1  # trailing", "    s = '# not a comment", "    x = (1 +  # open",
+    '    """\n    # inside a docstring', "    return x  # it's", "    # [DON", "    # a \\",
+    "    return x\n# top level", "    y = f'{x}'  # f-string before", "    return x", "",
+]] + [b"    # caf\xc3"]  # a character cut short
+COMMENT_TOKENS = [b" more", b"#", b"'", b'"', b'"""', b"' x", b'""" x', b"}' x", b"\\", b"{",
+                  b"}", b" x = 1", b"\n", b"\r", b"\x00", b"\xc3", b"\xa9", b"\xc3\xa9", b"\xff",
+                  b"E]", b"DONE] x", b"\ndef", b"def", b" #", b"\t", b"\x0c", b" \xe2\x80\xa8",
+                  b"<eos>"]
+
+
+def _both(prefix: str, vocab: Vocabulary, stop: tuple[str, ...]) -> tuple:
+    fast = python(prefix, stop=stop).bind(vocab)
+    slow = python(prefix, stop=stop).bind(vocab)
+    slow._extends_comment = lambda state, data: False  # type: ignore[method-assign]
+    return fast, slow
+
+
+@pytest.mark.parametrize("prefix", ["def f(x):\n", "import math\nx = 1  # c\ndef f(x):\n"])
+def test_lengthening_a_comment_answers_as_the_checks(prefix: str) -> None:
+    vocab = Vocabulary(COMMENT_TOKENS, eos_ids=[len(COMMENT_TOKENS) - 1])
+    fast, slow = _both(prefix, vocab, ("\ndef", "[DONE]"))
+    skipped = 0
+    for state in COMMENT_STATES:
+        if not slow.p.prefix_ok(state.decode("utf-8", "ignore")):
+            continue  # only states a walk can reach
+        for token in range(vocab.size):
+            checks = fast.checks
+            assert fast.advance(state, token) == slow.advance(state, token), (state, token)
+            skipped += fast.checks == checks and not vocab.is_eos(token)
+    assert skipped > 20  # the shortcut was taken
+
+
+def test_lengthening_a_comment_on_the_default_vocabulary(default_vocab: Vocabulary) -> None:
+    fast, slow = _both("def f(x):\n", default_vocab, HUMANEVAL_STOP)
+    tokens = np.random.default_rng(0).choice(default_vocab.text_ids, 600, replace=False)
+    for state in COMMENT_STATES:
+        if slow.p.prefix_ok(state.decode("utf-8", "ignore")):
+            assert ([fast.advance(state, t) for t in tokens.tolist()]
+                    == [slow.advance(state, t) for t in tokens.tolist()]), state

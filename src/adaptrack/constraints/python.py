@@ -44,7 +44,7 @@ import numpy as np
 from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
 from .base import DONE, Matcher, State, show, utf8
-from .predicate import Predicate, PredicateMatcher
+from .predicate import Predicate, PredicateMatcher, _decode
 
 #: HumanEval's stop strings (the completion is a function body; these start the next
 #: top-level statement).
@@ -148,6 +148,13 @@ def _open_end(prefix: str) -> int:
         if m.end() == end:
             return m.start()
     return end
+
+
+def _ends_in_comment(code: str, start: int) -> bool:
+    """Whether ``code`` ends inside a comment; ``start``: where a scan may begin (the
+    tokens before it are settled)."""
+    found = list(_SCAN.finditer(code, start))
+    return bool(found) and found[-1].end() == len(code) and found[-1].group().startswith("#")
 
 
 def _top_level_done(code: str) -> bool:
@@ -326,7 +333,6 @@ class Python(Predicate):
                              f"{show(prefix[-60:])} ({_compiles(prefix, _FLAGS)})")
         self.prefix, self.names, self.stop = prefix, bool(names), tuple(stops)
         self.stop_bytes = tuple(utf8(s, "stop") for s in self.stop)
-        self._longest_stop = max(self.stop, key=len, default="")
         self._names = _Names(prefix, modules) if names else None
         super().__init__(self._text_ok, self._program_ok, timeout=timeout,
                          max_timeouts=max_timeouts)
@@ -349,10 +355,9 @@ class Python(Predicate):
         if self._valid(text):
             return True
         # A text ending in the start of a stop string is fine where the stop could end it.
-        full = self.prefix[-len(self._longest_stop):] + text if self.stop else text
         for s in self.stop:
             for k in range(1, len(s)):
-                if full.endswith(s[:k]) and self._program_ok(text[:max(0, len(text) - k)]):
+                if text.endswith(s[:k]) and self._program_ok(text[:len(text) - k]):
                     return True
         return False
 
@@ -382,10 +387,11 @@ def python(prefix: str = "", *, names: bool = True, modules: Iterable[str] | Non
     chain imports its module, which runs that module's code**: only allowlisted modules are
     ever imported. A sequence ends with EOS where the program is complete, or at the first
     of the ``stop`` strings in the generated text where the program before it is complete
-    (a stop may start in the prefix's last characters: ``"\\ndef"`` ends a completion that
-    starts with ``def`` after a prompt that ends with a newline); ``Sample.text`` is then cut
-    before the stop string. The body of a function ends only there: a line back at column
-    0 that no stop string starts continues the program at module level. ``timeout`` and
+    (the whole stop string in the generated text, as the Codex paper's sampling stops:
+    after a prompt that ends with a newline, a completion that starts with ``def`` goes
+    on); ``Sample.text`` is then cut before the stop string. The body of a function ends
+    only there: a line back at column 0 that no stop string starts continues the program
+    at module level. ``timeout`` and
     ``max_timeouts`` bound each check as in :func:`~adaptrack.constraints.predicate`.
 
     Bad arguments are a TypeError; a ``prefix`` that no text could complete into a valid
@@ -415,23 +421,21 @@ class PythonMatcher(PredicateMatcher):
         super().__init__(pred, vocab)
         stops = pred.stop_bytes
         self._longest = max((len(s) for s in stops), default=0)
-        # A stop string may start in the prefix's last bytes ("\ndef" after a prompt that
-        # ends with a newline), as long as it ends in the generated text.
-        keep = self._longest - 1
-        self._tail = utf8(pred.prefix, "prefix")[-keep:] if keep > 0 else b""
         if stops:  # tokens that hold a whole stop string finish from any state
             self._ending = np.union1d(self._ending, np.asarray(
                 [t for t in vocab.text_ids.tolist()
                  if any(s in vocab.bytes_of(t) for s in stops)], dtype=np.int64))
         # Keyed by the text's last bytes, the only part that decides the set.
         self._finishing: LRU[bytes, np.ndarray] = LRU(limit=1024)
+        self._scan_from = _open_end(pred.prefix)
+        self._in_comment: LRU[bytes, bool] = LRU(limit=4096)
 
     def finishing(self, state: State) -> np.ndarray:
         """EOS, the tokens holding a stop string, and those that finish one the text's end
         started."""
         if not isinstance(state, bytes) or not self.p.stop_bytes:
             return self._ending
-        tail = (self._tail + state)[-(self._longest - 1):] if self._longest > 1 else b""
+        tail = state[-(self._longest - 1):] if self._longest > 1 else b""
         found = self._finishing.get(tail)
         if found is None:
             parts = [self._ending]
@@ -453,22 +457,40 @@ class PythonMatcher(PredicateMatcher):
 
     def _stop_at(self, data: bytes, since: int) -> int:
         """Where ``data`` is cut by the first stop string that ends after its byte
-        ``since`` (0 when the stop starts in the prefix); -1: none."""
-        buf, base = self._tail + data, len(self._tail)
+        ``since``; -1: none."""
         hits = [i for s in self.p.stop_bytes
-                if (i := buf.find(s, max(0, base + since - len(s) + 1))) >= 0]
-        return max(0, min(hits) - base) if hits else -1
+                if (i := data.find(s, max(0, since - len(s) + 1))) >= 0]
+        return min(hits) if hits else -1
 
     def advance(self, state: State, token: int) -> State | None:
-        if not isinstance(state, bytes) or not self.p.stop_bytes or self.vocab.is_eos(token):
+        if not isinstance(state, bytes) or self.vocab.is_eos(token):
             return super().advance(state, token)
         if (state, token) in self._timed_out:
             return None
         data = state + self.vocab.bytes_of(token)
-        cut = self._stop_at(data, len(state))
-        if cut < 0:
-            return super().advance(state, token)
-        return DONE if self._complete(data[:cut], token, state) else None
+        cut = self._stop_at(data, len(state)) if self.p.stop_bytes else -1
+        if cut >= 0:
+            return DONE if self._complete(data[:cut], token, state) else None
+        if self._extends_comment(state, data):
+            return data
+        return super().advance(state, token)
+
+    def _extends_comment(self, state: bytes, data: bytes) -> bool:
+        """Whether ``data`` (the valid ``state`` and a token) only lengthens the comment
+        ``state`` ends in. The parser skips a comment up to the line break and the name
+        checks skip it too, so every check of ``data`` answers as it did for ``state``:
+        no need to ask. At temperature 1 this model writes long comments, where the
+        nucleus holds hundreds of tokens to check at each step."""
+        token = data[len(state):]
+        if not token or b"\n" in token or b"\r" in token or b"\0" in token:
+            return False
+        found = self._in_comment.get(state)
+        if found is None:
+            text = _decode(state)
+            found = text is not None and _ends_in_comment(self.p.prefix + text[0],
+                                                           self._scan_from)
+            self._in_comment.put(state, found)
+        return found and _decode(data) is not None
 
     def final_text(self, data: bytes) -> bytes:
         """``data`` cut before its first stop string."""
