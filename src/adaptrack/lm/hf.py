@@ -214,24 +214,23 @@ class TransformersLM(LanguageModel):
         ref = next(kv for _, kv in sources if kv is not None)
         cache = DynamicCache()
         for layer in range(len(ref)):
-            keys, values = [], []
-            for n, kv in sources:
-                if kv is None or n == 0:
-                    k = v = ref[layer][0].new_zeros((1, ref[layer][0].shape[1], 0,
-                                                     ref[layer][0].shape[3]))
-                else:
-                    k, v = kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]
-                if n < width:  # left-pad to the common length; the mask hides the padding
-                    pad = k.new_zeros((1, k.shape[1], width - n, k.shape[3]))
-                    k, v = torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)
-                keys.append(k)
-                values.append(v)
+            k0 = ref[layer][0]
+            if len(sources) == 1:  # one row fills the width: a view, no copy
+                n, kv = sources[0]
+                keys = kv[layer][0][:, :, :n]  # type: ignore[index]
+                values = kv[layer][1][:, :, :n]  # type: ignore[index]
+            else:  # each row copied once into place, left-padded; the mask hides the padding
+                shape = (len(sources), k0.shape[1], width, k0.shape[3])
+                keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
+                for r, (n, kv) in enumerate(sources):
+                    if kv is not None and n:
+                        keys[r, :, width - n:] = kv[layer][0][0, :, :n]
+                        values[r, :, width - n:] = kv[layer][1][0, :, :n]
             # Set the tensors directly: building the cache through ``update`` would copy
             # every kept state once more.
             kept = DynamicLayer()
-            kept.lazy_initialization(keys[0], values[0])
-            kept.keys = keys[0] if len(keys) == 1 else torch.cat(keys)
-            kept.values = values[0] if len(values) == 1 else torch.cat(values)
+            kept.lazy_initialization(keys, values)
+            kept.keys, kept.values = keys, values
             cache.layers.append(kept)
         return cache
 
