@@ -14,6 +14,7 @@ import pytest
 import adaptrack as at
 from adaptrack import constraints
 from adaptrack.cli import main
+from adaptrack.errors import ResultsMismatchError
 from adaptrack.eval import codetask, humaneval, mbpp, runner
 from adaptrack.eval.codetask import STOP, CodeProblem, CodeTask, accepts_text, cut_at_stop
 from adaptrack.eval.report import code_scores, report
@@ -45,7 +46,7 @@ def no_y(prefix: str, stop: tuple[str, ...]) -> constraints.Constraint:
     return constraints.predicate(lambda t: "y" not in t, lambda t: True)
 
 
-PROBLEM = CodeProblem("Toy/0", "def f(x):\n", "def f(x):\n", STOP,
+PROBLEM = CodeProblem("HumanEval/toy", "def f(x):\n", "def f(x):\n", STOP,
                       "def check(c):\n    assert c(1) == 2\ncheck(f)")
 
 
@@ -89,7 +90,7 @@ def test_toy_run_end_to_end(tmp_path):
     assert all("y" not in s["text"] for s in cd["samples"])
     # Table 3 from the file: pass@1 greedy 0 vs 1; shares are over the samples.
     s = code_scores(runner.read_results(out)[1])
-    assert s["problems"] == 1 and s["n"] == 8 and s["ks"] == [1, 5]
+    assert s["problems"] == 1 and s["n"] == 8 and s["ks"] == [1, 3, 5]  # the paper's columns
     passes = sum(x["status"] == "pass" for x in cd["samples"])
     assert s["cells"]["cd"]["pass"]["greedy"] == 1.0
     assert s["cells"]["unconstrained"]["pass"]["greedy"] == 0.0
@@ -101,6 +102,45 @@ def test_toy_run_end_to_end(tmp_path):
     seen: list[tuple[int, int]] = []
     again = runner.run(task, out, on_start=lambda done, todo: seen.append((done, todo)))
     assert seen == [(2, 0)] and len(again) == 2
+
+
+# A model that rewrites the whole function right after the prompt's docstring.
+REDEF = b"def f(x):\n    return x + 1"
+REDEF_VOCAB = [*CHARS, REDEF, NEXT_DEF, b"<eos>"]
+
+
+def redef_probs(prefix: tuple[int, ...]) -> list[float]:
+    w = [0.0] * len(REDEF_VOCAB)
+    if prefix[-1] == 128:
+        w[129] = w[130] = 0.5  # the next function (a stop string) or EOS
+    elif prefix[-1] == 129:
+        w[130] = 1.0
+    else:
+        w[128] = 1.0
+    return w
+
+
+@dataclass
+class RedefTask(ToyTask):
+    def problems(self) -> list[CodeProblem]:
+        prompt = 'def f(x):\n    """One more than x."""\n'
+        return [CodeProblem("HumanEval/redef", prompt, prompt, STOP, PROBLEM.tests)]
+
+    def setup(self, threads: int | None = None) -> None:
+        self._lm = at.TableLM(REDEF_VOCAB, redef_probs, eos=130)
+
+
+def test_every_method_ends_a_completion_at_a_stop_in_the_generated_text(tmp_path):
+    """The Codex paper samples until a stop string appears in the generated text: after a
+    prompt that ends with a newline, a completion that starts with ``def`` goes on (here it
+    redefines the function, and passes), for the constrained methods as for unconstrained
+    decoding."""
+    if getattr(constraints, "python", None) is None:
+        pytest.skip("adaptrack.constraints.python is not in this tree")
+    task = RedefTask(methods=("unconstrained", "cd", "adaptrack"), n=2)
+    for r in runner.run(task, tmp_path / "redef.jsonl"):
+        for c in [r["greedy"], *r["samples"]]:
+            assert (r["method"], c["text"], c["status"]) == (r["method"], REDEF.decode(), "pass")
 
 
 def test_name_check_with_the_python_constraint():
@@ -117,7 +157,7 @@ def test_constrained_methods_refused_without_the_python_constraint(monkeypatch):
     with pytest.raises(ValueError, match=r"constraints\.python.*--methods unconstrained"):
         ToyTask(methods=("unconstrained", "cd"))
     task = ToyTask(methods=("unconstrained",), n=2)  # no name check then
-    record = task.run({"key": "Toy/0|unconstrained", "problem": "Toy/0",
+    record = task.run({"key": "HumanEval/toy|unconstrained", "problem": "HumanEval/toy",
                        "method": "unconstrained"})
     assert record["greedy"]["names"] is None
 
@@ -191,7 +231,81 @@ def test_cli_code_tasks(tmp_path, capsys):
     assert main(["eval", "mbpp", "-o", str(tmp_path / "m.jsonl"), "--data", str(bad)]) == 2
     assert "is not an MBPP file" in capsys.readouterr().err
     assert main(["eval", "humaneval", "-o", str(tmp_path / "h.jsonl"), "--memory", "0"]) == 2
+    assert main(["eval", "humaneval", "-o", str(tmp_path / "h.jsonl"), "--max-seconds", "0"]) == 2
+    assert "--max-seconds" in capsys.readouterr().err
     out = tmp_path / "toy.jsonl"
     runner.run(ToyTask(methods=("unconstrained", "cd"), n=2, constraint=no_y), out)
     assert main(["report", str(out)]) == 0
     assert "## Functional correctness (Table 3)" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def toy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("code") / "toy.jsonl"
+    runner.run(ToyTask(methods=("unconstrained", "cd"), n=2, constraint=no_y), out)
+    return out
+
+
+def _edited(source: Path, dest: Path, number: int, edit) -> Path:
+    """``source`` copied to ``dest`` with its line ``number`` (1-based) parsed, edited and
+    written back."""
+    lines = source.read_text().splitlines()
+    lines[number - 1] = json.dumps(edit(json.loads(lines[number - 1])))
+    dest.write_text("\n".join(lines) + "\n")
+    return dest
+
+
+def _without(name: str):
+    return lambda r: {k: v for k, v in r.items() if k != name}
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (_without("greedy"), "no 'greedy' field"),
+    (lambda r: {**r, "samples": [{**r["samples"][0], "status": "passed"}, r["samples"][1]]},
+     "'samples' is not a non-empty list of an object {text, status (pass|fail|timeout|error)"),
+    (lambda r: {**r, "greedy": {**r["greedy"], "parses": "yes"}}, "'greedy' is not an object"),
+    (lambda r: {**r, "greedy": _without("names")(r["greedy"])}, "'greedy' is not an object"),
+    (lambda r: {**r, "lm_requests": r["lm_requests"][:1]}, "2 samples but 1 lm_requests"),
+    (lambda r: {**r, "isolated": "yes"}, "'isolated' is not a boolean"),
+    (lambda r: {**r, "error": 3}, "'error' is not a string"),
+    # A record of the other code task: the file mixes two runs.
+    (lambda r: {**r, "problem": "MBPP/11"},
+     "'problem' is not a HumanEval/N problem id; it is a mbpp record"),
+])
+def test_report_names_the_malformed_code_record(toy_file, tmp_path, capsys, edit, why):
+    bad = _edited(toy_file, tmp_path / "bad.jsonl", 3, edit)
+    assert main(["report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"adaptrack: error: {bad} line 3 is not a humaneval record: {why}")
+    assert err.count("\n") == 1
+    with pytest.raises(ResultsMismatchError, match="line 3"):  # a run does not append
+        runner.run(ToyTask(methods=("unconstrained", "cd"), n=2, constraint=no_y), bad)
+
+
+def test_report_refuses_a_code_header_of_the_wrong_type(toy_file, tmp_path, capsys):
+    bad = _edited(toy_file, tmp_path / "bad.jsonl", 1,
+                  lambda h: {"header": {**h["header"], "memory_bytes": "1 GiB"}})
+    assert main(["report", str(bad)]) == 2
+    assert "header option 'memory_bytes' is not a positive integer" in capsys.readouterr().err
+
+
+def test_report_scores_an_error_record_as_a_miss(toy_file, tmp_path, capsys):
+    failed = _edited(toy_file, tmp_path / "failed.jsonl", 3, lambda r: {
+        "key": r["key"], "problem": r["problem"], "method": r["method"],
+        "error": "NoValidSequenceError: no valid sequence", "started_at": 0.0,
+        "finished_at": 1.0})
+    assert main(["report", str(failed)]) == 0
+    out = capsys.readouterr().out
+    assert "## Functional correctness (Table 3)" in out
+    assert "Jobs that raised an error, scored as misses: cd: 1" in out
+    assert "| Constrained decoding | 0.00% |" in out
+
+
+def test_the_search_budget_is_an_option_of_the_run(tmp_path):
+    task = ToyTask(methods=("cd",), n=2, constraint=no_y, max_seconds=1e-6)
+    (record,) = runner.run(task, tmp_path / "budget.jsonl")
+    assert record["error"].startswith("SearchTimeoutError")
+    assert runner.read_results(tmp_path / "budget.jsonl")[0]["max_seconds"] == 1e-6
+    with pytest.raises(ValueError, match="max_seconds"):
+        ToyTask(max_seconds=0)
+    assert ToyTask(max_seconds=None).config()["max_seconds"] is None

@@ -22,6 +22,7 @@ from .common import (
     positive_float,
     positive_int,
     probability,
+    seconds,
 )
 
 HELP = "run an evaluation (TFv1, TFv1Real, binary; HumanEval and MBPP code generation)"
@@ -123,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="nucleus (validity-aware for the constraint) in (0, 1] "
                                "(default: 0.95; the python constraint checks tokens one by "
                                "one, and 1 checks the whole vocabulary at every step)")
+        code.add_argument("--max-seconds", type=seconds, default=600.0, metavar="S",
+                          help="search budget of each job's generation in seconds, counted "
+                               "from the start of the 8 jobs served with it; 'inf' for none "
+                               "(default: 600); past it the job is recorded as an error and "
+                               "scored as a miss")
         code.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
                           help="seconds each program may run in the sandbox (default: 10)")
         code.add_argument("--memory", type=positive_int, default=1024, metavar="MIB",
@@ -176,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         options = dict(model=args.model, backend=args.backend, device=args.device,
                        methods=args.methods, n=args.n, limit=args.limit,
                        temperature=args.temperature, top_p=args.top_p,
-                       max_new_tokens=args.max_new_tokens,
+                       max_new_tokens=args.max_new_tokens, max_seconds=args.max_seconds,
                        seed=args.seed, timeout=args.timeout, memory_bytes=args.memory * 2**20,
                        exec_workers=args.exec_workers)
         if args.eval == "humaneval":

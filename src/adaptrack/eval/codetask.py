@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 #: that is not the function's body begins.
 STOP = ("\ndef", "\nclass", "\nif", "\nprint")
 METHODS = ("unconstrained", "cd", "adaptrack", "exact")
-#: pass@k columns of Table 3 (those with k <= n are shown).
-KS = (1, 5, 10, 20, 100)
 
 ConstraintFactory = Callable[[str, tuple[str, ...]], Constraint]
 
@@ -162,6 +160,11 @@ class CodeTask(ModelTask):
     top_p: float = 0.95
     max_new_tokens: int = 256
     seed: int = 0
+    #: The search budget of each generate call (None: none), counted from the start of the
+    #: group of jobs it runs with (``group``): past it the job records a
+    #: SearchTimeoutError, scored as a miss. AdapTrack, ASAp and exact search for
+    #: completions that end within ``max_new_tokens``, which can take a small model minutes.
+    max_seconds: float | None = 600.0
     #: Sandbox limits per program: wall seconds and address-space bytes.
     timeout: float = 10.0
     memory_bytes: int = 2**30
@@ -183,6 +186,8 @@ class CodeTask(ModelTask):
                              f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0 or None (no limit), got {self.max_seconds}")
         if not self.timeout > 0 or self.memory_bytes < 2**24:
             raise ValueError(f"timeout must be > 0 and memory_bytes at least 16 MiB, got "
                              f"{self.timeout} and {self.memory_bytes}")
@@ -208,7 +213,8 @@ class CodeTask(ModelTask):
         return {"task": self.name, **self.model_config(), "n": self.n,
                 "temperature": self.temperature, "top_p": self.top_p,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "timeout": self.timeout, "memory_bytes": self.memory_bytes,
+                "max_seconds": self.max_seconds, "timeout": self.timeout,
+                "memory_bytes": self.memory_bytes,
                 **self.data_config()}
 
     def jobs(self) -> list[Job]:
@@ -233,6 +239,7 @@ class CodeTask(ModelTask):
             calls.append(({"key": job["key"], "problem": p.task_id, "method": method},
                           dict(prompt=p.prompt, constraint=constraint, method=method,
                                max_new_tokens=self.max_new_tokens, top_p=self.top_p,
+                               max_seconds=self.max_seconds,
                                seed=seed_for(self.seed, p.task_id, method))))
 
         def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:

@@ -372,7 +372,7 @@ def _plot_tfv1(s: dict[str, Any], ks: list[int], out: Path, task: str = "TFv1") 
 # -- code: HumanEval, MBPP ---------------------------------------------------------------
 
 CODE_TASKS = {"humaneval": "HumanEval", "mbpp": "MBPP"}
-CODE_KS = (1, 5, 10, 20, 100)
+CODE_KS = (1, 3, 5, 10, 20, 100)  # the paper's Table 3 (1 to 20), and 100 for large n
 
 
 def code_scores(records: list[Record]) -> dict[str, Any]:
@@ -455,9 +455,11 @@ def code_report(header: dict[str, Any], records: list[Record]) -> str:
                    + [" / ".join(_pct(st.get(x, 0.0)) for x in ("fail", "timeout", "error")),
                       f"{c['calls']:.1f}", f"{c['seconds']:.1f}"])
     shots = f", {header['shots']}-shot" if "shots" in header else ""
+    seconds = header.get("max_seconds", 600.0)  # files without it ran at the default
+    budget = "none" if seconds is None else f"{seconds:g} s"
     lines = [f"# {title}: {s['problems']} problems, n = {s['n']}", "",
              f"{_about(header)}, top-p {header.get('top_p')}, max_new_tokens "
-             f"{header.get('max_new_tokens')}, data "
+             f"{header.get('max_new_tokens')}, search budget {budget}, data "
              f"{header.get('data')}{shots}; sandbox limits {header.get('timeout')} s and "
              f"{(header.get('memory_bytes') or 0) / 2**20:.0f} MiB per program"
              f"{'' if s['isolated'] else ', with network (no namespace isolation here)'}. "
