@@ -23,6 +23,7 @@ Run:  python benchmarks/serve_load.py [--requests 32] [--concurrency 1,4,16]
                                       [--methods cd,adaptrack] [--threads N] [--time-limit 600]
                                       [--no-fast-forward]
       python benchmarks/serve_load.py --requests 4 --concurrency 1,4 --max-tokens 40  (smoke)
+      python benchmarks/serve_load.py --in-process   (the engine without HTTP: its bound)
 """
 
 from __future__ import annotations
@@ -163,6 +164,42 @@ def configuration(client, method: str, concurrency: int, args: argparse.Namespac
     }
 
 
+def in_process(args: argparse.Namespace) -> None:
+    """The same cd requests through the engine in this process, without HTTP: one prompt
+    per ``generate`` call against ``max(concurrency)`` prompts per call (the bound on what
+    the server's batching can give on this machine)."""
+    import adaptrack as at
+
+    lm = at.load_model(args.model, backend=args.backend)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    from adaptrack.serve.protocol import hf_chat_template
+
+    schema = at.constraints.json_schema(SCHEMA)
+    render = hf_chat_template(lm)  # the server's prompts, token for token
+    assert render is not None, "the model has no chat template"
+
+    def ids(i: int) -> list[int]:
+        return render(prompt(i))
+
+    def run(first: int, per_call: int) -> float:
+        started = time.perf_counter()
+        for k in range(first, first + args.requests, per_call):
+            res = at.generate(lm, [ids(i) for i in range(k, k + per_call)], schema,
+                              method="cd", n=1, max_new_tokens=args.max_tokens, seed=0)
+            assert all(valid(r.samples[0].text) for r in res), "invalid JSON"
+        return time.perf_counter() - started
+
+    run(1_000_000, 1)  # warm-up
+    width = max(args.concurrency)
+    one_s, many_s = run(0, 1), run(args.requests, width)
+    print("| cd, in process | one prompt per call s | "
+          f"{width} prompts per call s | speed-up |")
+    print("|---|--:|--:|--:|")
+    print(f"| {args.requests} requests | {one_s:.1f} | {many_s:.1f} | {one_s / many_s:.2f}× |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model spec (default: the default model)")
@@ -178,7 +215,14 @@ def main() -> None:
                         help="requests with fast_forward: false (forced tokens one by one)")
     parser.add_argument("--time-limit", type=float, default=600.0,
                         help="seconds per configuration before no new request starts")
+    parser.add_argument("--in-process", action="store_true",
+                        help="no server: the cd requests through the engine in this process, "
+                             "one prompt per call against max(concurrency) per call")
     args = parser.parse_args()
+    if args.in_process:
+        print(f"# the engine in process, {datetime.date.today()}; CPU: {cpu_name()}; load "
+              f"average at start: {load()}", flush=True)
+        return in_process(args)
 
     import openai
 

@@ -220,6 +220,39 @@ def test_logprobs_along_many_batches_chains_of_different_lengths(tiny):
             assert np.abs(rows[i] - fresh(model, list(prefix + chain[:i]))).max() < 1e-4
 
 
+def test_a_prefill_and_decode_steps_go_in_separate_passes(tiny):
+    """A new prompt batched with one-token steps would pad every row to the prompt's length:
+    the rows are split by the tokens they feed, and each equals a fresh forward."""
+    model, tok = tiny
+    lm = TransformersLM(model, tok)
+    old = tuple(range(10, 30))
+    lm.next_logprobs([old])
+    prompt = tuple(range(60, 100))
+    batch = [(*old, 1), prompt, (*old, 2), (*old, 3)]
+    before = lm.forward_calls
+    got = lm.next_logprobs(batch)
+    assert lm.forward_calls - before == 2  # three one-token rows, then the prompt alone
+    assert lm.fed_tokens == 20 + 3 + 40  # no padding counted, none fed twice
+    for prefix, row in zip(batch, got, strict=True):
+        assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+    chains = lm.logprobs_along_many([(prompt, (5, 6)), ((*old, 1, 9), ()), (old[:3], (4,))])
+    assert [len(r) for r in chains] == [3, 1, 2]
+    assert np.abs(chains[0][2] - fresh(model, [*prompt, 5, 6])).max() < 1e-4
+    assert np.abs(chains[2][1] - fresh(model, [*old[:3], 4])).max() < 1e-4
+
+
+def test_pad_groups_bound_the_padding():
+    from adaptrack.lm.hf import pad_groups
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.choice([1, 1, 2, 5, 40, 300]) for _ in range(rng.randrange(1, 12))]
+        groups = pad_groups(lengths, slack=16)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            real = sum(lengths[i] for i in g)
+            assert len(g) * max(lengths[i] for i in g) - real <= max(16, real)
+
+
 def test_a_directory_that_is_not_a_model_is_named_as_such(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(at.ModelLoadError, match=r"is not a model directory: it has no "

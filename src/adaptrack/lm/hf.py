@@ -71,6 +71,39 @@ def _owned(kv: KV) -> KV:
     return [(k.clone(), v.clone()) for k, v in kv]
 
 
+#: Padding a forward pass may add before its rows are split into passes of similar lengths:
+#: tokens fed for padding at most this many, or at most as many as the real tokens.
+PAD_SLACK = 16
+
+
+def pad_groups(lengths: Sequence[int], slack: int = PAD_SLACK) -> list[list[int]]:
+    """Rows (indices into ``lengths``, the tokens each row feeds) split into forward passes
+    of similar lengths, shortest first: a pass pads every row to its longest, so a prompt's
+    prefill batched with one-token decode steps would feed the prompt's length in every
+    row. A row joins the current pass while the padding stays within ``slack`` tokens or
+    the real tokens fed; the cost a pass saves is then larger than one pass's overhead.
+
+    >>> pad_groups([1, 45, 1, 1])                  # three decode steps and a prefill
+    [[0, 2, 3], [1]]
+    >>> pad_groups([3, 4, 5, 1])
+    [[3, 0, 1, 2]]
+    """
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        n = lengths[i]
+        if groups:
+            rows = len(groups[-1]) + 1
+            padding = rows * n - (real + n)
+            if padding <= max(slack, real + n):
+                groups[-1].append(i)
+                real += n
+                continue
+        groups.append([i])
+        real = n
+    return groups
+
+
 class TransformersLM(LanguageModel):
     """A causal LM from ``transformers`` as an adaptrack model.
 
@@ -167,10 +200,28 @@ class TransformersLM(LanguageModel):
         return min(best, len(prefix) - outputs), best_kv, best_tokens
 
     def _forward(self, prefixes: list[Prefix], outputs: list[int] | None = None) -> np.ndarray:
-        """Log-probs after each prefix, one forward pass; with ``outputs``, after each of the
-        last ``outputs[r]`` positions of prefix ``r``, rows in order."""
+        """Log-probs after each prefix; with ``outputs``, after each of the last
+        ``outputs[r]`` positions of prefix ``r``, rows in order. One forward pass for rows
+        of similar lengths to feed, one per group otherwise (:func:`pad_groups`)."""
         outs = outputs or [1] * len(prefixes)
         found = [self._source(p, k) for p, k in zip(prefixes, outs, strict=True)]
+        groups = pad_groups([len(p) - n for p, (n, _, _) in zip(prefixes, found, strict=True)])
+        if len(groups) > 1:
+            parts: list[np.ndarray] = [np.empty(0)] * len(prefixes)
+            for group in groups:
+                rows = self._forward_pass([prefixes[i] for i in group],
+                                          [outs[i] for i in group])
+                for i, part in zip(group, np.split(rows, np.cumsum([outs[i] for i in group])[:-1]),
+                                   strict=True):
+                    parts[i] = part
+            return np.concatenate(parts)
+        return self._forward_pass(prefixes, outs, found)
+
+    def _forward_pass(self, prefixes: list[Prefix], outs: list[int],
+                      found: list[tuple[int, KV | None, Prefix]] | None = None) -> np.ndarray:
+        """:meth:`_forward` in one pass; ``found``: each prefix's :meth:`_source`."""
+        if found is None:  # an earlier pass may have kept a better source
+            found = [self._source(p, k) for p, k in zip(prefixes, outs, strict=True)]
         sources = [(n, kv) for n, kv, _ in found]
         kept = [n for n, _ in sources]
         new = [p[n:] for p, n in zip(prefixes, kept, strict=True)]
@@ -190,17 +241,20 @@ class TransformersLM(LanguageModel):
             kwargs["past_key_values"] = cache
         if rows > 1:  # one row has no padding, so no mask
             kwargs["attention_mask"] = mask
-        # Right padding: row r's last real token sits at index len(new[r]) - 1.
-        out = self.model(**kwargs, logits_to_keep=steps if rows > 1 else outs[0])
-        self.forward_calls += 1
-        self.fed_tokens += sum(len(t) for t in new)
         if rows == 1:
+            out = self.model(**kwargs, logits_to_keep=outs[0])
             logits = out.logits[0, -outs[0]:]
-        else:  # row r's outputs end at its last real token, index len(new[r]) - 1
+        else:  # right padding: row r's outputs end at its last real token, len(new[r]) - 1
             row_ids = [r for r, k in enumerate(outs) for _ in range(k)]
             col_ids = [len(new[r]) - k + j for r, k in enumerate(outs) for j in range(k)]
+            # The vocabulary projection only at the columns some row needs.
+            cols = sorted(set(col_ids))
+            out = self.model(**kwargs, logits_to_keep=torch.tensor(cols, device=dev))
+            at = {c: j for j, c in enumerate(cols)}
             logits = out.logits[torch.tensor(row_ids, device=dev),
-                                torch.tensor(col_ids, device=dev)]
+                                torch.tensor([at[c] for c in col_ids], device=dev)]
+        self.forward_calls += 1
+        self.fed_tokens += sum(len(t) for t in new)
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         if self.reuse:
             self._keep(prefixes, kept, new, width, out.past_key_values,

@@ -92,7 +92,7 @@ class Tokenizer:
         self.context_tokens = int(context_tokens)
         self.trie = vocab.trie
         # No token is longer than this: a suffix of at least this many bytes spans nothing.
-        self.max_token_len = max((len(b) for b in vocab.token_bytes if b), default=0)
+        self.max_token_len = vocab.max_token_len
         self._encoded: LRU[str, list[int]] = LRU(ENCODED_CACHE_ENTRIES)
 
     # -- construction ---------------------------------------------------------------------

@@ -144,6 +144,15 @@ class Vocabulary:
                            if not wanted.isdisjoint(self.bytes_of(i))], dtype=np.int64)
 
     @cached_property
+    def max_token_len(self) -> int:
+        """Bytes of the longest token (0 for none): a suffix this long spans no token.
+
+        >>> Vocabulary([b"a", b"abc", None]).max_token_len
+        3
+        """
+        return max((len(b) for b in self.token_bytes if b), default=0)
+
+    @cached_property
     def text_ids(self) -> np.ndarray:
         """Ids of all tokens with bytes (what an unconstrained step may emit besides EOS)."""
         return np.asarray([i for i, b in enumerate(self.token_bytes) if b], dtype=np.int64)
