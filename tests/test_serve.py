@@ -611,6 +611,73 @@ def test_a_client_that_disconnects_has_its_walks_cancelled():
         assert len(r.choices) == 1
 
 
+def test_a_request_cancelled_while_it_waits_for_admission_is_never_run():
+    """A client that leaves while the engine is inside a model call: the request is
+    cancelled and admitted in the same turn. It must not run, keep a slot, nor keep the
+    engine thread from stopping."""
+    from adaptrack.serve.engine_loop import EngineLoop
+    from adaptrack.serve.protocol import parse, prepare_calls
+
+    prefixes: list[tuple[int, ...]] = []
+
+    def slow(prefix: tuple[int, ...]) -> list[float]:
+        prefixes.append(tuple(prefix))
+        time.sleep(0.3)
+        return [1, 1, 0.001]
+
+    lm = at.TableLM([b"a", b"b", b"<eos>"], slow, eos=2)
+    loop = EngineLoop(lm)
+    loop.start()
+    try:
+        def submit(prompt: str, events: list) -> object:
+            opts = parse(json.dumps({"prompt": prompt, "max_tokens": 4, "seed": 0}).encode(),
+                         "completion", lm)
+            return loop.submit(prepare_calls(lm, opts), opts, events.append)
+
+        first: list = []
+        submit("a", first)
+        deadline = time.monotonic() + 10
+        while not prefixes:  # the engine is inside its first model call
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second: list = []
+        job = submit("b", second)
+        loop.cancel(job, RuntimeError("the client left"))
+        deadline = time.monotonic() + 20
+        while not (first and first[-1][0] == "done"):
+            assert time.monotonic() < deadline, "the first request did not finish"
+            time.sleep(0.02)
+        assert [e[0] for e in second] == ["error"]
+        assert all(p[0] == 0 for p in prefixes)  # the prompt "b" never reached the model
+        assert loop.running == 0 and loop.queue_length == 0
+    finally:
+        loop.close(timeout=10)
+    assert not loop.alive
+
+
+def test_a_choice_cut_at_a_stop_string_stops_its_walk(toy):
+    """With n > 1, a cd or unconstrained choice that meets a stop string asks the model for
+    nothing beyond it, while the other choices go on."""
+    prefixes: list[tuple[int, ...]] = []
+
+    def counted(prefix: tuple[int, ...]) -> np.ndarray:
+        prefixes.append(tuple(prefix))
+        return weights(prefix)
+
+    lm = at.TableLM(VOCAB, counted, eos=EOS)
+    lm.context_length = 512
+    with serving(lm, tree_cache_bytes=0) as (url, _):
+        r = client(url).completions.create(
+            model="toy", prompt="x", n=6, max_tokens=150, seed=3, stop=["e"],
+            extra_body={"decoding_method": "unconstrained"})
+    prompt = len(lm.encode("x"))
+    assert sum(c.finish_reason == "stop" for c in r.choices) >= 3
+    assert all("e" not in c.text for c in r.choices)
+    # A walk's prefix is asked for once it ends in the stop string, and never past it.
+    past = [p for p in prefixes if b"e" in lm.vocab.decode(p[prompt:-1])]
+    assert not past, f"{len(past)} model calls past a stop string"
+
+
 def test_a_failing_request_does_not_affect_another():
     poison = VOCAB.index("~")
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -186,7 +186,7 @@ class Server:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: Request, kind: str) -> Response:
-        started = time.perf_counter()
+        started, arrived = time.perf_counter(), time.monotonic()
         endpoint = request.url.path
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -198,9 +198,13 @@ class Server:
             def sink(event: Any) -> None:  # called on the engine thread
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
-            job = self.engine.submit(calls, opts, sink)
+            # The timeout counts from arrival: parsing and preparing are part of it.
+            job = self.engine.submit(calls, opts, sink, arrived=arrived)
         except APIError as err:
             return self._error(err, endpoint, started)
+        except ClientDisconnect:  # the client left while sending its body
+            self.metrics.request(endpoint, CLIENT_GONE, time.perf_counter() - started)
+            return Response(status_code=CLIENT_GONE)
         except Exception as err:  # a bug: this request fails, the server goes on
             return self._error(APIError(500, f"{type(err).__name__}: {err}",
                                         code="internal_error"), endpoint, started)

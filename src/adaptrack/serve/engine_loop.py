@@ -209,11 +209,14 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, calls: list[PreparedCall], opts: Options,
-               sink: Callable[[Event], None]) -> Job:
-        """Queue a request; :class:`APIError` 429 (with ``Retry-After``) when the queue is
-        full, 503 once the server is shutting down."""
+               sink: Callable[[Event], None], arrived: float | None = None) -> Job:
+        """Queue a request that arrived at ``arrived`` (``time.monotonic()``; default: now),
+        from which its timeout counts; :class:`APIError` 429 (with ``Retry-After``) when the
+        queue is full, 503 once the server is shutting down."""
         keys = [opts.tree_key(call.ids) for call in calls]
         job = Job(calls, keys, opts, sink)
+        if arrived is not None:
+            job.arrived = arrived
         if self.timeout is not None:
             job.deadline = job.arrived + self.timeout
         with self._cond:
@@ -312,6 +315,8 @@ class EngineLoop:
             pass
 
     def _admit(self, job: Job) -> None:
+        if job.over:  # cancelled in the same turn (its client left while it waited)
+            return
         job.admitted = time.monotonic()
         for k, (call, key) in enumerate(zip(job.calls, job.keys, strict=True)):
             tree = self.trees.pop(key)
@@ -367,6 +372,7 @@ class EngineLoop:
                 if cut >= 0:
                     lps = _logprobs_to(node) if job.opts.logprobs else None
                     self._final(job, Choice(index, text[:cut], "stop", node.tokens, lps))
+                    self.engine.drop(req, i)  # its walk asks the model for nothing more
                     continue
                 if not job.opts.stream:
                     continue
