@@ -286,6 +286,31 @@ def test_streams_cd_token_by_token_and_adaptrack_when_final(toy):
             assert (len(texts[i]) > 1) if pieces == "many" else (len(texts[i]) == 1)
 
 
+def test_streamed_logprobs_line_up_with_the_streamed_text(toy):
+    """Each piece's tokens spell its text, even while text that could start a stop string
+    is held back, and text_offset counts from the start of the choice."""
+    url, lm, _ = toy
+    stream = client(url).completions.create(
+        model="toy", prompt="offsets", n=3, seed=4, max_tokens=40, stream=True, logprobs=0,
+        stop=["e~~~", "a~~~", "t~~~"], extra_body={"decoding_method": "unconstrained"})
+    texts: dict[int, str] = {}
+    pieces = 0
+    for chunk in stream:
+        for ch in chunk.choices:
+            lp = ch.logprobs
+            if lp is None or not lp.tokens:
+                continue
+            pieces += 1
+            done = texts.get(ch.index, "")
+            spelled = "".join(t for t in lp.tokens if t != "<|special_101|>")  # EOS: no text
+            assert spelled == ch.text, (lp.tokens, ch.text)
+            assert lp.text_offset[0] == len(done)
+            assert lp.text_offset == [len(done) + len("".join(lp.tokens[:j]))
+                                      for j in range(len(lp.tokens))]
+            texts[ch.index] = done + "".join(lp.tokens)
+    assert pieces > 6 and len(texts) == 3
+
+
 def test_stream_stops_at_a_stop_string(toy):
     url, lm, _ = toy
     ref = at.generate(lm, "abc", method="unconstrained", max_new_tokens=24, seed=7)

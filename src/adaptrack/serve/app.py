@@ -52,6 +52,7 @@ from .protocol import (
     parse,
     prepare_calls,
     response_body,
+    token_text,
 )
 
 #: Bytes of droppable expansions one request's tree may hold (``generate``'s
@@ -255,6 +256,7 @@ class Server:
                       started: float) -> AsyncIterator[str]:
         """The server-sent events of a streamed answer, from its first engine event on."""
         begun: set[int] = set()
+        sent: dict[int, int] = {}  # characters of token text streamed per choice (offsets)
         status = 200
         over = False
         try:
@@ -272,8 +274,11 @@ class Server:
                 if kind == "delta":
                     _, index, text, tokens, lps = event
                     yield _sse(chunk_body(opts, rid, created, self.model_name, index, text,
-                                          logprobs=self._lp(opts, index, tokens, lps),
+                                          logprobs=self._lp(opts, index, tokens, lps,
+                                                            sent.get(index, 0)),
                                           first=index not in begun))
+                    sent[index] = sent.get(index, 0) + sum(
+                        len(token_text(self.lm, t)[0]) for t in tokens)
                     begun.add(index)
                 elif kind == "choice":
                     choice: Choice = event[1]
@@ -310,10 +315,11 @@ class Server:
             self.metrics.request(endpoint, status, time.perf_counter() - started)
 
     def _lp(self, opts: Options, index: int, tokens: tuple[int, ...],
-            lps: list[float] | None) -> dict[str, Any] | None:
+            lps: list[float] | None, offset: int) -> dict[str, Any] | None:
         if lps is None:
             return None
-        return logprobs_body(self.lm, opts.kind, Choice(index, "", "", tuple(tokens), lps))
+        return logprobs_body(self.lm, opts.kind, Choice(index, "", "", tuple(tokens), lps),
+                             offset)
 
 
 async def _body(request: Request) -> bytes:

@@ -376,13 +376,18 @@ class EngineLoop:
                     continue
                 if not job.opts.stream:
                     continue
-                visible = text[:len(text) - _held_back(text, stops)]
+                visible = len(text) - _held_back(text, stops)
                 sent, ntok = job._sent.get(index, ("", 0))
-                if len(visible) > len(sent) and visible.startswith(sent):
-                    tokens = node.tokens[ntok:]
-                    lps = _logprobs_to(node)[ntok:] if job.opts.logprobs else None
-                    self._emit(job, ("delta", index, visible[len(sent):], tokens, lps))
-                    job._sent[index] = (visible, len(node.tokens))
+                # Whole tokens only, so that a piece's tokens and log-probs match its text.
+                upto, shown = len(node.tokens), text
+                while upto > ntok and len(shown) > visible:
+                    upto -= 1
+                    shown = _text_so_far(vocab.decode(node.tokens[:upto]))
+                if len(shown) > len(sent) and shown.startswith(sent):
+                    lps = _logprobs_to(node)[ntok:upto] if job.opts.logprobs else None
+                    self._emit(job, ("delta", index, shown[len(sent):],
+                                     node.tokens[ntok:upto], lps))
+                    job._sent[index] = (shown, upto)
         if len(job.choices) == job.total:
             for req in job.requests:
                 self.engine.cancel(req, _Finished())

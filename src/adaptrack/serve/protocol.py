@@ -556,10 +556,12 @@ def token_text(lm: LanguageModel, token: int) -> tuple[str, bytes | None]:
     return (name if isinstance(name, str) else f"<|special_{token}|>"), None
 
 
-def logprobs_body(lm: LanguageModel, kind: str, choice: Choice) -> dict[str, Any] | None:
+def logprobs_body(lm: LanguageModel, kind: str, choice: Choice,
+                  offset: int = 0) -> dict[str, Any] | None:
     """OpenAI's ``logprobs`` object of a choice: per sampled token (EOS included) its text
     and log-probability under the model at the sampling temperature (T = 1 when greedy); no
-    top alternatives."""
+    top alternatives. ``offset``: where the first token's text starts in the choice's text
+    (a streamed piece after the first)."""
     if choice.token_logprobs is None:
         return None
     entries = [token_text(lm, t) for t in choice.tokens]
@@ -569,7 +571,7 @@ def logprobs_body(lm: LanguageModel, kind: str, choice: Choice) -> dict[str, Any
                             for (text, data), lp in zip(entries, choice.token_logprobs,
                                                         strict=True)],
                 "refusal": None}
-    offsets, at = [], 0
+    offsets, at = [], offset
     for text, _ in entries:
         offsets.append(at)
         at += len(text)
