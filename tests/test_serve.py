@@ -289,7 +289,7 @@ def test_streams_cd_token_by_token_and_adaptrack_when_final(toy):
 def test_streamed_logprobs_line_up_with_the_streamed_text(toy):
     """Each piece's tokens spell its text, even while text that could start a stop string
     is held back, and text_offset counts from the start of the choice."""
-    url, lm, _ = toy
+    url, _, _ = toy
     stream = client(url).completions.create(
         model="toy", prompt="offsets", n=3, seed=4, max_tokens=40, stream=True, logprobs=0,
         stop=["e~~~", "a~~~", "t~~~"], extra_body={"decoding_method": "unconstrained"})
