@@ -15,7 +15,8 @@ then are reported as "not run".
 Per configuration: requests answered 200 with JSON valid under the schema ("ok"), failed
 (any other answer or invalid JSON), not run; wall time from the first request's start to the
 last one's end; requests/s and completion tokens/s over that wall time; p50 and p99 latency;
-model calls per request (the ``adaptrack`` field). The last table gives each method's
+model calls per request (the ``adaptrack`` field); the CPU seconds the client threads
+used (they share the machine with the server). The last table gives each method's
 throughput at each concurrency over its one-at-a-time throughput; the target is at least 3×
 for cd at 16 concurrent requests (transformers backend, a CPU).
 
@@ -142,9 +143,11 @@ def configuration(client, method: str, concurrency: int, args: argparse.Namespac
             return None
         return one(client, method, i, args.max_tokens, not args.no_fast_forward)
 
+    cpu = time.process_time()  # this process: the clients, on the server's cores
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = [r for r in pool.map(task, range(first, first + args.requests))
                    if r is not None]
+    cpu = time.process_time() - cpu
     ok = [r for r in results if r["ok"]]
     failed = [r for r in results if not r["ok"]]
     for r in failed[:3]:
@@ -161,6 +164,7 @@ def configuration(client, method: str, concurrency: int, args: argparse.Namespac
         "p99": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
         if latencies else float("nan"),
         "calls": statistics.mean(r["lm_calls"] for r in ok) if ok else float("nan"),
+        "client_cpu": cpu,
     }
 
 
@@ -250,12 +254,12 @@ def main() -> None:
         proc.terminate()
         code = proc.wait(120)
     print("| method | clients | ok | failed | not run | wall s | requests/s | tokens/s | "
-          "p50 s | p99 s | lm_calls/request |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "p50 s | p99 s | lm_calls/request | client CPU s |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(f"| {r['method']} | {r['concurrency']} | {r['ok']} | {r['failed']} | "
               f"{r['not_run']} | {r['wall']:.1f} | {r['rps']:.2f} | {r['tps']:.1f} | "
-              f"{r['p50']:.2f} | {r['p99']:.2f} | {r['calls']:.1f} |")
+              f"{r['p50']:.2f} | {r['p99']:.2f} | {r['calls']:.1f} | {r['client_cpu']:.2f} |")
     print("\n| method | clients | throughput / one at a time | target |")
     print("|---|--:|--:|:-:|")
     for method in args.methods:

@@ -359,5 +359,5 @@ def test_oracles_the_v2_constraint_lacks_are_reported(tmp_path):
              "lm_calls": 1, "seconds": 0.1}
             for p, o in (("a", ".compat.v1.placeholder"), ("b", ".compat.v1.layers.dense"))]
     header = {"task": "tfv1real", "packages": ["p==1"], "tf_version": "2.16.1"}
-    assert "1 problems call a name that TensorFlow 2.16.1" in report.tfv1_report(header, rows)
+    assert "1 problem calls a name that TensorFlow 2.16.1" in report.tfv1_report(header, rows)
     assert ".compat.v1.layers.dense"[1:] not in tfv1.setting_names("v2")

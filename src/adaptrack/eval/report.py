@@ -252,7 +252,8 @@ def _tfv1real_about(header: dict[str, Any], records: list[Record]) -> str:
         outside = {r["problem"] for r in records
                    if "v2" in r["oracle"] and r["oracle"]["v2"][1:] not in names}
         if outside:
-            text += (f" {len(outside)} problems call a name that TensorFlow "
+            many = "problems call" if len(outside) != 1 else "problem calls"
+            text += (f" {len(outside)} {many} a name that TensorFlow "
                      f"{DEFAULT_VERSION}'s API modules do not list (Keras-backed "
                      "`compat.v1.layers.*` and `compat.v1.keras.*`, methods of classes, "
                      "`estimator`): the constrained methods cannot match them.")
