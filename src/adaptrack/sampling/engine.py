@@ -205,6 +205,10 @@ class Engine:
         except Exception as err:  # kept on the request; its owner raises it
             self._fail(req, err)
             return
+        self._close_if_finished(req)
+
+    @staticmethod
+    def _close_if_finished(req: Request) -> None:
         if not req._slots and req.started >= req.n:
             req.done = True
 
@@ -238,8 +242,7 @@ class Engine:
         if slot is None:
             return
         slot.walk.close()
-        if not req._slots and req.started >= req.n:
-            req.done = True
+        self._close_if_finished(req)
 
     def prefixes(self, req: Request) -> dict[int, Node]:
         """The prefix each running walk of ``req`` waits at, by sample index: for methods

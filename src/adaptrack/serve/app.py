@@ -277,8 +277,9 @@ class Server:
                                           logprobs=self._lp(opts, index, tokens, lps,
                                                             sent.get(index, 0)),
                                           first=index not in begun))
-                    sent[index] = sent.get(index, 0) + sum(
-                        len(token_text(self.lm, t)[0]) for t in tokens)
+                    if lps is not None:  # offsets are only sent with log-probs
+                        sent[index] = sent.get(index, 0) + sum(
+                            len(token_text(self.lm, t)[0]) for t in tokens)
                     begun.add(index)
                 elif kind == "choice":
                     choice: Choice = event[1]
