@@ -290,3 +290,14 @@ def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
     with pytest.raises(at.ModelLoadError, match=r"^device='cuda' but torch sees no CUDA device; "
                        r"use device='cpu'$"):
         at.load_model(tmp_path, device="cuda")
+
+
+def test_the_default_bounds_keep_a_state_per_walk_in_flight(tiny):
+    # 100 walks in flight: each step extends every walk's state by one token. Were fewer
+    # states kept than walks, each step would re-feed whole prefixes.
+    model, tok = tiny
+    lm = TransformersLM(model, tok, max_batch=128)
+    res = at.generate(lm, "abc", None, method="unconstrained", n=100, seed=0,
+                      max_new_tokens=6, batch_size=128)
+    new = sum(len(s.tokens) for s in res.samples)
+    assert lm.fed_tokens <= 3 + new  # the prompt once, then one token per prefix

@@ -60,7 +60,8 @@ class Sample:
     ``tokens`` are the generated ids after the prompt (EOS included when it ended one);
     ``text`` their bytes decoded as UTF-8, cut after the terminator when one ended it;
     ``complete``: the sequence ended (EOS or terminator) rather than running out of tokens
-    or into a dead end; ``valid``: it is complete and the constraint accepts it (always true
+    or into a dead end (a sample cut at ``max_new_tokens`` under ``allow_truncated`` is not
+    complete); ``valid``: it is complete and the constraint accepts it (always true
     for complete samples of the constrained methods); ``logprob``: log P(tokens | prompt)
     under the model at the sampling temperature (T = 1 when ``temperature=0``);
     ``lm_requests``: prefixes whose next-token distribution this sample used, cache hits
@@ -222,6 +223,8 @@ def _fast_forward(option: bool | FastForward) -> FastForward | None:
 
 def _text(matcher: Matcher, lm: LanguageModel, node: Node) -> str:
     data = lm.vocab.decode(node.tokens)
+    if node.truncated:  # cut by the length limit: nothing ended it, nothing to cut
+        return data.decode("utf-8", errors="replace")
     if node.complete and matcher.terminators and node.tokens:
         last = lm.vocab.bytes_of(node.tokens[-1])
         cut = [i for i, b in enumerate(last) if b in matcher.terminators]
@@ -252,7 +255,8 @@ class _Call:
                  max_backtrack: int | None = None, min_backtrack_prob: float = 0.0,
                  max_nodes: int = 100_000, max_cache_bytes: int = 1 << 30,
                  max_opened_bytes: int = 1 << 30, max_seconds: float | None = MAX_SECONDS,
-                 truncate_prompt: bool = False, parallel: bool | int | None = None,
+                 truncate_prompt: bool = False, allow_truncated: bool = False,
+                 parallel: bool | int | None = None,
                  on_sample: Callable[[Sample], None] | None = None,
                  started: float | None = None) -> None:
         if not isinstance(method, str) or method not in METHODS:
@@ -267,6 +271,7 @@ class _Call:
             _integer("seed", seed, 0)
         _flag("share_q", share_q)
         _flag("truncate_prompt", truncate_prompt)
+        _flag("allow_truncated", allow_truncated)
         if parallel is not None and not isinstance(parallel, bool):
             _integer("parallel", parallel, 1)
         _integer("max_cache_bytes", max_cache_bytes, 0)
@@ -286,7 +291,7 @@ class _Call:
         self.ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, truncate_prompt)
         self.matcher = matcher = _bind(constraint, lm)
         self.unconstrained = unconstrained = method == "unconstrained"
-        if method in SEARCHES:
+        if method in SEARCHES and not allow_truncated:  # a cut text is a valid end
             _require_room(matcher, max_new_tokens)
             if constraint is None or isinstance(constraint, Anything):
                 warnings.warn(FreeTextWarning(
@@ -300,6 +305,7 @@ class _Call:
                                max_cache_bytes=max_cache_bytes,
                                max_opened_bytes=max_opened_bytes, max_seconds=seconds,
                                restrict_length=not unconstrained,
+                               allow_truncated=allow_truncated,
                                fast_forward=None if unconstrained else ff)
         self.sampler: Method
         if method == "adaptrack":
@@ -322,9 +328,10 @@ class _Call:
         return engine.submit(sampler, self.n, self.seed, self.done, width=width)
 
     def done(self, i: int, node: Node, requests: int) -> None:
-        valid = node.complete and (not self.unconstrained or self.matcher.accepts(node.tokens))
+        complete = node.complete and not node.truncated
+        valid = complete and (not self.unconstrained or self.matcher.accepts(node.tokens))
         self.samples[i] = sample = Sample(node.tokens, _text(self.matcher, self.lm, node),
-                                          node.complete, valid, node.logprob, requests)
+                                          complete, valid, node.logprob, requests)
         self.left -= 1
         if not self.left:  # other prompts of the call may still run: this one's time ends
             self.finished = time.perf_counter()
@@ -407,6 +414,7 @@ def generate(
     max_opened_bytes: int = 1 << 30,
     max_seconds: float | None = MAX_SECONDS,
     truncate_prompt: bool = False,
+    allow_truncated: bool = False,
     batch_size: int = 32,
     max_batch_tokens: int | None = 1024,
     parallel: bool | int | None = None,
@@ -445,6 +453,15 @@ def generate(
     token's probability still enters Q. The target is then conditioned on forced bytes being
     tokenized canonically (docs/design.md §2); ``False`` feeds them token by token,
     unconditioned. Forced tokens skip the top-p cutoff.
+
+    ``allow_truncated``: by default ``max_new_tokens`` is part of the constraint (a prefix
+    that cannot end within it is invalid), so the searching methods sample text that ends
+    in time, and search long when the model rarely ends that early. With
+    ``allow_truncated=True`` a valid prefix that reaches ``max_new_tokens`` ends its sample
+    (``complete=False``), as unconstrained sampling stops there: the target is the model's
+    text cut at the limit, conditioned on every prefix being valid (docs/design.md §2).
+    Use it where a cut output is still scored, as code benchmarks score a completion cut
+    at the token limit.
 
     Budgets (docs/design.md §6), each raising a :class:`~adaptrack.SearchLimitError` that
     names it: ``max_nodes`` prefixes in the tree (``TreeLimitError``); ``max_opened_bytes``
@@ -491,7 +508,7 @@ def generate(
                    min_backtrack_prob=min_backtrack_prob, max_nodes=max_nodes,
                    max_cache_bytes=max_cache_bytes, max_opened_bytes=max_opened_bytes,
                    max_seconds=max_seconds, truncate_prompt=truncate_prompt,
-                   parallel=parallel, on_sample=on_sample)
+                   allow_truncated=allow_truncated, parallel=parallel, on_sample=on_sample)
     outcomes = _serve(lm, [{"prompt": p, **options} for p in prompts], batch_size,
                       max_batch_tokens, up_front=True)
     failed = [o for o in outcomes if isinstance(o, BaseException)]
@@ -607,10 +624,12 @@ def exact_distribution(
     max_nodes: int = 100_000,
     max_seconds: float | None = MAX_SECONDS,
     fast_forward: bool | FastForward = True,
+    allow_truncated: bool = False,
 ) -> dict[tuple[int, ...], float]:
     """The target P(s | c) ∝ P(s)·c(s) by enumeration: {token tuple: probability}.
 
-    Sequences are complete (they end with EOS or a terminator, within ``max_new_tokens``).
+    Sequences are complete (they end with EOS or a terminator, within ``max_new_tokens``);
+    with ``allow_truncated``, valid prefixes of ``max_new_tokens`` tokens count as well.
     ``fast_forward`` as in :func:`generate`: by default the target is conditioned on
     forced bytes being tokenized canonically, the distribution ``generate`` samples.
     Raises ``TreeLimitError`` when enumeration needs more than ``max_nodes`` prefixes,
@@ -633,10 +652,11 @@ def exact_distribution(
     ff = _fast_forward(fast_forward)
     ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, False)
     matcher = _bind(constraint, lm)
-    _require_room(matcher, max_new_tokens)
+    if not allow_truncated:
+        _require_room(matcher, max_new_tokens)
     tree = PrefixTree(lm, ids, matcher, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      max_seconds=seconds, fast_forward=ff)
+                      max_seconds=seconds, fast_forward=ff, allow_truncated=allow_truncated)
     dist = enumerate_tree(tree)
     if not dist:
         raise NoValidSequenceError(

@@ -129,6 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "from the start of the 8 jobs served with it; 'inf' for none "
                                "(default: 600); past it the job is recorded as an error and "
                                "scored as a miss")
+        code.add_argument("--must-end", action="store_true",
+                          help="the searching methods sample only completions that end "
+                               "within --max-new-tokens (by default a completion is cut "
+                               "there, as unconstrained sampling cuts it, and still run)")
         code.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
                           help="seconds each program may run in the sandbox (default: 10)")
         code.add_argument("--memory", type=positive_int, default=1024, metavar="MIB",
@@ -184,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                        temperature=args.temperature, top_p=args.top_p,
                        max_new_tokens=args.max_new_tokens, max_seconds=args.max_seconds,
                        seed=args.seed, timeout=args.timeout, memory_bytes=args.memory * 2**20,
-                       exec_workers=args.exec_workers)
+                       exec_workers=args.exec_workers, allow_truncated=not args.must_end)
         if args.eval == "humaneval":
             task = humaneval.HumanEvalTask(**options)
         else:

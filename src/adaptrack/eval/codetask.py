@@ -165,6 +165,12 @@ class CodeTask(ModelTask):
     #: SearchTimeoutError, scored as a miss. AdapTrack, ASAp and exact search for
     #: completions that end within ``max_new_tokens``, which can take a small model minutes.
     max_seconds: float | None = 600.0
+    #: A completion that reaches ``max_new_tokens`` is cut there and scored, as the Codex
+    #: paper's sampling cuts it, for every method: the searching methods then sample the
+    #: same length distribution as unconstrained sampling (``generate``'s
+    #: ``allow_truncated``). False makes them sample only completions that end in time, a
+    #: search that a small model, which rarely stops early, can spend minutes on.
+    allow_truncated: bool = True
     #: Sandbox limits per program: wall seconds and address-space bytes.
     timeout: float = 10.0
     memory_bytes: int = 2**30
@@ -213,7 +219,8 @@ class CodeTask(ModelTask):
         return {"task": self.name, **self.model_config(), "n": self.n,
                 "temperature": self.temperature, "top_p": self.top_p,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "max_seconds": self.max_seconds, "timeout": self.timeout,
+                "max_seconds": self.max_seconds, "allow_truncated": self.allow_truncated,
+                "timeout": self.timeout,
                 "memory_bytes": self.memory_bytes,
                 **self.data_config()}
 
@@ -240,6 +247,7 @@ class CodeTask(ModelTask):
                           dict(prompt=p.prompt, constraint=constraint, method=method,
                                max_new_tokens=self.max_new_tokens, top_p=self.top_p,
                                max_seconds=self.max_seconds,
+                               allow_truncated=self.allow_truncated,
                                seed=seed_for(self.seed, p.task_id, method))))
 
         def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:

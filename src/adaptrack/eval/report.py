@@ -458,9 +458,12 @@ def code_report(header: dict[str, Any], records: list[Record]) -> str:
     shots = f", {header['shots']}-shot" if "shots" in header else ""
     seconds = header.get("max_seconds", 600.0)  # files without it ran at the default
     budget = "none" if seconds is None else f"{seconds:g} s"
+    # Files without the key ran before completions could be cut: they had to end in time.
+    ends = ("cut there" if header.get("allow_truncated", False)
+            else "the searching methods' completions end within it")
     lines = [f"# {title}: {s['problems']} problems, n = {s['n']}", "",
              f"{_about(header)}, top-p {header.get('top_p')}, max_new_tokens "
-             f"{header.get('max_new_tokens')}, search budget {budget}, data "
+             f"{header.get('max_new_tokens')} ({ends}), search budget {budget}, data "
              f"{header.get('data')}{shots}; sandbox limits {header.get('timeout')} s and "
              f"{(header.get('memory_bytes') or 0) / 2**20:.0f} MiB per program"
              f"{'' if s['isolated'] else ', with network (no namespace isolation here)'}. "

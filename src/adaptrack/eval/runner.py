@@ -405,6 +405,7 @@ _CODE_HEADER: dict[str, Check] = {
     "model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
     "top_p": NUMBER, "max_new_tokens": POSITIVE, "seed": INT, "timeout": NUMBER,
     "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
+    "allow_truncated": (lambda x: isinstance(x, bool), "true or false"),
     "memory_bytes": POSITIVE, "data": STR}
 
 HEADERS: dict[str, dict[str, Check]] = {

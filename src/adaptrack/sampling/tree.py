@@ -28,7 +28,7 @@ class Node:
     """One prefix: the tokens after the prompt, the constraint state after them."""
 
     __slots__ = ("children", "complete", "depth", "expansion", "in_chain", "logprob", "opened",
-                 "parent", "pending", "slot", "state", "token", "tokens")
+                 "parent", "pending", "slot", "state", "token", "tokens", "truncated")
 
     def __init__(
         self, parent: Node | None, token: int | None, state: State, complete: bool,
@@ -48,6 +48,9 @@ class Node:
         # in a fed chain, so its expansion came with the chain's one model call.
         self.pending: tuple[int, ...] | None = None
         self.in_chain = False
+        # Ends a sample because it reached max_new_tokens (``allow_truncated``): then
+        # ``complete`` too, so that every method stops here and counts it as c(s) = 1.
+        self.truncated = False
 
 
 class Expansion:
@@ -111,7 +114,10 @@ class PrefixTree:
     ``temperature`` 0 keeps the model's own distribution (T = 1) in the tree: greedy
     methods take argmaxes of it. ``restrict_length`` makes ``max_new_tokens`` part of the
     constraint (at the last position only finishing tokens are valid); unconstrained
-    decoding turns it off and simply stops there.
+    decoding turns it off and simply stops there. ``allow_truncated`` makes a valid prefix
+    of ``max_new_tokens`` tokens an end (``complete`` and ``truncated``): the target becomes
+    the model's text cut at the limit, conditioned on every prefix being valid
+    (docs/design.md §2).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
@@ -136,12 +142,14 @@ class PrefixTree:
         max_opened_bytes: int = 1 << 30,
         max_seconds: float | None = None,
         restrict_length: bool = True,
+        allow_truncated: bool = False,
         fast_forward: FastForward | None = None,
     ) -> None:
         self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens, self.max_nodes = max_new_tokens, max_nodes
-        self.restrict_length = restrict_length
+        self.allow_truncated = allow_truncated
+        self.restrict_length = restrict_length and not allow_truncated
         start = matcher.start()
         self.root = Node(None, None, start, matcher.is_complete(start), 0.0)
         self.num_nodes = 1
@@ -359,7 +367,11 @@ class PrefixTree:
         exp = self.expand(node)
         if state is None or not exp.is_valid(token):
             raise ValueError(f"token {token} is not valid after {node.tokens}")
-        child = Node(node, token, state, self.matcher.is_complete(state), 0.0)
+        complete = self.matcher.is_complete(state)
+        truncated = (self.allow_truncated and not complete
+                     and node.depth + 1 >= self.max_new_tokens)
+        child = Node(node, token, state, complete or truncated, 0.0)
+        child.truncated = truncated
         if node.pending:  # the rest of the chain; at its end, look for new forced bytes
             child.pending, child.in_chain = node.pending[1:] or None, True
         child.slot = exp.index(token)
