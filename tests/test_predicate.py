@@ -73,6 +73,46 @@ def test_checked_nucleus_equals_nucleus() -> None:
         assert lazy.tolist() == [t for t in eager.tolist() if probs[t] > 0]
 
 
+def _checked_nucleus_by_full_sort(probs, candidates, check, top_p):
+    order = np.argsort(-probs, kind="stable")
+    order = order[probs[order] > 0]
+    unchecked = np.clip(1.0 - np.cumsum(probs[order]), 0.0, None)
+    valid, known = [], 0.0
+    for i, tok in enumerate(order.tolist()):
+        if tok in candidates and check(tok):
+            valid.append(tok)
+            known += probs[tok]
+        if known > 0 and known / (known + unchecked[i]) > top_p:
+            break
+    return sorted(valid)
+
+
+def test_checked_nucleus_asks_in_the_full_rankings_order() -> None:
+    # Vocabularies past the ranked head (HEAD ids), with ties and zeros: the same tokens
+    # asked in the same order, and the same result, as ranking the whole vocabulary.
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        size = int(rng.integers(300, 6000))
+        probs = rng.dirichlet(np.full(size, float(rng.choice([0.05, 0.5, 5.0]))))
+        if trial % 2:
+            probs = np.round(probs, 4)  # many ties, some zeros
+            probs[0] += 1e-3
+        probs[rng.random(size) < 0.05] = 0.0
+        probs /= probs.sum()
+        share = float(rng.choice([0.001, 0.05, 0.5, 0.95]))
+        truth = set(np.flatnonzero(rng.random(size) < share).tolist())
+        candidates = np.flatnonzero(rng.random(size) < 0.9)
+        top_p = float(rng.choice([1.0, 0.99, 0.95, 0.5]))
+        asked, expected_asks = [], []
+        got = checked_nucleus(probs, candidates,
+                              lambda t, truth=truth, log=asked: log.append(t) or t in truth,
+                              top_p)
+        want = _checked_nucleus_by_full_sort(
+            probs, set(candidates.tolist()),
+            lambda t, truth=truth, log=expected_asks: log.append(t) or t in truth, top_p)
+        assert got.tolist() == want and asked == expected_asks
+
+
 def test_top_p_bounds_the_checks() -> None:
     """With a peaked model and top_p < 1 only the head of the vocabulary is asked about."""
     size = 1000

@@ -50,18 +50,45 @@ def checked_nucleus(
     >>> asked                                            # token 2 and 3 were never asked
     [0, 1]
     """
-    order = np.argsort(-probs, kind="stable")
-    order = order[probs[order] > 0]
-    ranked = probs[order]
-    unchecked = np.clip(1.0 - np.cumsum(ranked), 0.0, None)
     is_candidate = np.zeros(len(probs), dtype=bool)
     is_candidate[candidates] = True
     valid: list[int] = []
     known_valid = 0.0
-    for i, tok in enumerate(order.tolist()):
-        if is_candidate[tok] and check(tok):
-            valid.append(tok)
-            known_valid += ranked[i]
-        if known_valid > 0 and known_valid / (known_valid + unchecked[i]) > top_p:
-            break
+    positive = int(np.count_nonzero(probs > 0))
+    done, k = 0, HEAD
+    while done < positive:
+        # The ranking's head only: a nucleus rarely reaches far, and sorting the whole
+        # vocabulary (49k tokens: ~3 ms) cost more than the checks at every step.
+        order = _ranked_head(probs, k, positive)
+        ranked = probs[order]
+        unchecked = np.clip(1.0 - np.cumsum(ranked), 0.0, None)
+        for i in range(done, len(order)):
+            tok = int(order[i])
+            if is_candidate[tok] and check(tok):
+                valid.append(tok)
+                known_valid += ranked[i]
+            if known_valid > 0 and known_valid / (known_valid + unchecked[i]) > top_p:
+                return np.asarray(sorted(valid), dtype=np.int64)
+        done, k = len(order), k * 16
     return np.asarray(sorted(valid), dtype=np.int64)
+
+
+#: Tokens ranked at first by :func:`checked_nucleus`; it ranks 16 times more each time the
+#: cutoff lies further down.
+HEAD = 256
+
+
+def _ranked_head(probs: np.ndarray, k: int, positive: int) -> np.ndarray:
+    """The first ids of ``argsort(-probs, kind="stable")`` restricted to positive
+    probabilities: at least ``k`` of them (every id tied with the k-th too), or all
+    ``positive``. Exactly a prefix of the full ranking, so the running sums over it match.
+
+    >>> _ranked_head(np.array([0.1, 0.4, 0.1, 0.4, 0.0]), 3, 4).tolist()
+    [1, 3, 0, 2]
+    """
+    if k >= positive:
+        order = np.argsort(-probs, kind="stable")
+        return order[:positive]
+    kth = probs[np.argpartition(-probs, k - 1)[k - 1]]
+    head = np.flatnonzero(probs >= kth)  # in id order: a stable sort keeps ties by id
+    return head[np.argsort(-probs[head], kind="stable")]
