@@ -30,6 +30,7 @@ BUILT_IN = {
     "all_of": lambda: C.all_of(C.regex("[ab1]+"), C.predicate(lambda t: True,
                                                               lambda t: len(t) > 2)),
     "anything": lambda: C.anything(),
+    "anything_stop": lambda: C.anything(stop=["ab1", "}"]),
 }
 
 
@@ -102,6 +103,10 @@ BAD_ARGUMENTS = {
                               r"terminators takes text encodable as UTF-8, got '\\ud800'"),
     "terminators_list_of_ints": (lambda: C.anything(terminators=[40]), TypeError,  # type: ignore
                                  r"terminators takes strings or bytes, got 40 \(int\)"),
+    "stop_string": (lambda: C.anything(stop="ab"), TypeError,
+                    r"stop takes a list of non-empty strings, got 'ab'"),
+    "stop_empty": (lambda: C.anything(stop=["a", ""]), TypeError,
+                   r"stop takes a list of non-empty strings"),
     "terminators_predicate": (lambda: C.predicate(bool, bool, terminators=1.5),  # type: ignore
                               TypeError, r"terminators takes .*got 1.5 \(float\)"),
     "api_names_none": (lambda: C.api_names(None), TypeError,  # type: ignore[arg-type]

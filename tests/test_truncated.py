@@ -119,3 +119,41 @@ def test_a_language_too_long_for_the_limit_is_cut_instead_of_refused():
 def test_allow_truncated_must_be_a_flag():
     with pytest.raises(TypeError, match="allow_truncated"):
         at.generate(_lm(), [], _words(), allow_truncated="yes")
+
+
+# ---- anything(stop=...): free text that ends at a stop string ---------------------------
+
+LINES = at.TableLM([b"a", b"\n", b"\nd", b"ef", b"<eos>"], hashed_weights(5, b"lines"), eos=4)
+
+
+def _cut(text: str, stop: str) -> str:
+    i = text.find(stop)
+    return text if i < 0 else text[:i]
+
+
+def test_unconstrained_with_stop_strings_ends_where_the_cut_text_ends():
+    # Each sample draws from its own stream, one number per token: with a stop string a
+    # walk is the same walk ended early, so its text is the free text cut at the stop.
+    kw = dict(method="unconstrained", n=200, seed=5, max_new_tokens=40)
+    free = at.generate(LINES, [], None, **kw)
+    stopped = at.generate(LINES, [], at.constraints.anything(stop=["\ndef"]), **kw)
+    cut = 0
+    for f, s in zip(free.samples, stopped.samples, strict=True):
+        assert s.text == _cut(f.text, "\ndef")
+        assert f.tokens[:len(s.tokens)] == s.tokens
+        if "\ndef" in f.text:
+            cut += 1
+            assert s.complete and len(s.tokens) < len(f.tokens)
+    assert cut > 20, "expected many samples to reach the stop string"
+    assert sum(len(s.tokens) for s in stopped.samples) < sum(len(s.tokens) for s in free.samples)
+
+
+def test_exact_with_stop_strings_samples_the_target():
+    stop = at.constraints.anything(stop=["\ndef"])
+    target = at.exact_distribution(LINES, [], stop, max_new_tokens=5)
+    assert any("\ndef" in LINES.vocab.decode(s).decode() for s in target)  # the stop's token
+    with pytest.warns(at.FreeTextWarning):
+        res = at.generate(LINES, [], stop, method="exact", n=N, seed=1, max_new_tokens=5)
+    assert all(s.complete and "\ndef" not in s.text for s in res.samples)
+    p = chi_square_p(_counts(res), target)
+    assert p > 1e-3, f"chi-square p = {p:.2e}"

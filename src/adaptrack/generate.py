@@ -299,7 +299,10 @@ class _Call:
                     f"within max_new_tokens={max_new_tokens}, a search that can take long "
                     "when the model rarely stops that early; use method='unconstrained' for "
                     "free text"), stacklevel=3)
-        walker = Anything(matcher.terminators).bind(lm.vocab) if unconstrained else matcher
+        # Unconstrained sampling ignores a constraint, but keeps anything()'s stop strings.
+        free = constraint is None or isinstance(constraint, Anything)
+        walker = (Anything(matcher.terminators).bind(lm.vocab) if unconstrained and not free
+                  else matcher)
         self.tree = PrefixTree(lm, self.ids, walker, temperature=temperature, top_p=top_p,
                                max_new_tokens=max_new_tokens, max_nodes=max_nodes,
                                max_cache_bytes=max_cache_bytes,

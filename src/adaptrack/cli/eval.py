@@ -126,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "one, and 1 checks the whole vocabulary at every step)")
         code.add_argument("--max-seconds", type=seconds, default=600.0, metavar="S",
                           help="search budget of each job's generation in seconds, counted "
-                               "from the start of the 8 jobs served with it; 'inf' for none "
+                               "from the start of its problem's jobs (all methods share one "
+                               "engine); 'inf' for none "
                                "(default: 600); past it the job is recorded as an error and "
                                "scored as a miss")
         code.add_argument("--must-end", action="store_true",

@@ -173,17 +173,28 @@ class Constraint(ABC):
 
 
 class Anything(Constraint):
-    """No constraint: every token is valid. Sequences end with EOS or a terminator byte."""
+    """No constraint: every token is valid. Sequences end with EOS, a terminator byte, or
+    where one of the ``stop`` strings appears in the text (then cut before it:
+    :mod:`adaptrack.constraints.stop`)."""
 
-    def __init__(self, terminators: str | bytes | Iterable[str] | None = None) -> None:
+    def __init__(self, terminators: str | bytes | Iterable[str] | None = None,
+                 stop: Iterable[str] = ()) -> None:
         self.terminators = terminator_bytes(terminators)
+        stops = [] if isinstance(stop, str) else list(stop)
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stops):
+            raise TypeError(f"stop takes a list of non-empty strings, got {show(stop)}")
+        self.stop = tuple(stops)
 
     def bind(self, vocab: Vocabulary) -> Matcher:
-        return _AnythingMatcher(vocab, self.terminators)
+        return _AnythingMatcher(vocab, self.terminators,
+                                tuple(utf8(s, "stop") for s in self.stop))
 
 
 class _AnythingMatcher(Matcher):
-    def __init__(self, vocab: Vocabulary, terminators: bytes) -> None:
+    def __init__(self, vocab: Vocabulary, terminators: bytes,
+                 stops: tuple[bytes, ...] = ()) -> None:
+        from .stop import StopStrings
+
         self.vocab, self.terminators = vocab, terminators
         ends = vocab.tokens_holding(terminators)
         self._ending = frozenset(ends.tolist())
@@ -195,17 +206,32 @@ class _AnythingMatcher(Matcher):
         finishing[ends] = True
         finishing[vocab.eos_ids] = True
         self._finishing = np.flatnonzero(finishing)
+        # With stop strings a state is the text's last bytes (what decides the next cut).
+        self._stops = StopStrings(stops, vocab) if stops else None
 
     def start(self) -> State:
-        return 0
+        return b"" if self._stops else 0
 
     def allowed(self, state: State) -> np.ndarray:
         return self._allowed
 
     def finishing(self, state: State) -> np.ndarray:
-        return self._finishing
+        if self._stops is None or not isinstance(state, bytes):
+            return self._finishing
+        return np.union1d(self._finishing, self._stops.finishing(state))
 
     def advance(self, state: State, token: int) -> State | None:
         if self.vocab.is_eos(token) or token in self._ending:
             return DONE
-        return 0 if self.vocab.bytes_of(token) else None
+        data = self.vocab.bytes_of(token)
+        if not data:
+            return None
+        if self._stops is None or not isinstance(state, bytes):
+            return 0
+        text = state + data
+        if self._stops.cut(text, len(state)) >= 0:
+            return DONE
+        return self._stops.tail(text)
+
+    def final_text(self, data: bytes) -> bytes:
+        return data if self._stops is None else self._stops.final_text(data)

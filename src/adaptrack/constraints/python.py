@@ -45,6 +45,7 @@ from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
 from .base import DONE, Matcher, State, show, utf8
 from .predicate import Predicate, PredicateMatcher, _decode
+from .stop import StopStrings
 
 #: HumanEval's stop strings (the completion is a function body; these start the next
 #: top-level statement).
@@ -419,14 +420,8 @@ class PythonMatcher(PredicateMatcher):
 
     def __init__(self, pred: Python, vocab: Vocabulary) -> None:
         super().__init__(pred, vocab)
-        stops = pred.stop_bytes
-        self._longest = max((len(s) for s in stops), default=0)
-        if stops:  # tokens that hold a whole stop string finish from any state
-            self._ending = np.union1d(self._ending, np.asarray(
-                [t for t in vocab.text_ids.tolist()
-                 if any(s in vocab.bytes_of(t) for s in stops)], dtype=np.int64))
-        # Keyed by the text's last bytes, the only part that decides the set.
-        self._finishing: LRU[bytes, np.ndarray] = LRU(limit=1024)
+        self._stops = StopStrings(pred.stop_bytes, vocab)
+        self._ending = np.union1d(self._ending, self._stops.holding)
         self._scan_from = _open_end(pred.prefix)
         self._in_comment: LRU[bytes, bool] = LRU(limit=4096)
 
@@ -435,32 +430,7 @@ class PythonMatcher(PredicateMatcher):
         started."""
         if not isinstance(state, bytes) or not self.p.stop_bytes:
             return self._ending
-        tail = state[-(self._longest - 1):] if self._longest > 1 else b""
-        found = self._finishing.get(tail)
-        if found is None:
-            parts = [self._ending]
-            trie = self.vocab.trie
-            for s in self.p.stop_bytes:
-                for k in range(1, len(s)):
-                    if not tail.endswith(s[:k]):
-                        continue
-                    node: int | None = 0
-                    for b in s[k:]:
-                        node = trie.children[node].get(b)  # type: ignore[index]
-                        if node is None:
-                            break
-                    if node is not None:
-                        parts.append(trie.subtree(node))
-            found = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
-            self._finishing.put(tail, found)
-        return found
-
-    def _stop_at(self, data: bytes, since: int) -> int:
-        """Where ``data`` is cut by the first stop string that ends after its byte
-        ``since``; -1: none."""
-        hits = [i for s in self.p.stop_bytes
-                if (i := data.find(s, max(0, since - len(s) + 1))) >= 0]
-        return min(hits) if hits else -1
+        return np.union1d(self._ending, self._stops.finishing(state))
 
     def advance(self, state: State, token: int) -> State | None:
         if not isinstance(state, bytes) or self.vocab.is_eos(token):
@@ -468,7 +438,7 @@ class PythonMatcher(PredicateMatcher):
         if (state, token) in self._timed_out:
             return None
         data = state + self.vocab.bytes_of(token)
-        cut = self._stop_at(data, len(state)) if self.p.stop_bytes else -1
+        cut = self._stops.cut(data, len(state)) if self.p.stop_bytes else -1
         if cut >= 0:
             return DONE if self._complete(data[:cut], token, state) else None
         if self._extends_comment(state, data):
@@ -494,8 +464,7 @@ class PythonMatcher(PredicateMatcher):
 
     def final_text(self, data: bytes) -> bytes:
         """``data`` cut before its first stop string."""
-        cut = self._stop_at(data, 0)
-        return data if cut < 0 else data[:cut]
+        return self._stops.final_text(data)
 
 
 __all__ = ["HUMANEVAL_STOP", "Python", "PythonMatcher", "python"]

@@ -161,7 +161,7 @@ class CodeTask(ModelTask):
     max_new_tokens: int = 256
     seed: int = 0
     #: The search budget of each generate call (None: none), counted from the start of the
-    #: group of jobs it runs with (``group``): past it the job records a
+    #: group of jobs it runs with (``group``: its problem's): past it the job records a
     #: SearchTimeoutError, scored as a miss. AdapTrack, ASAp and exact search for
     #: completions that end within ``max_new_tokens``, which can take a small model minutes.
     max_seconds: float | None = 600.0
@@ -180,11 +180,15 @@ class CodeTask(ModelTask):
     #: Programs run at once (each in its own process); jobs a worker runs together, and
     #: prefixes per model call. None changes a record, so none is in the header.
     exec_workers: int = 2
-    group: int = 8
+    #: Jobs served by one engine (None: one problem's, all its methods). Every walk in
+    #: flight shares each model call, so a job's budget runs while the others run too.
+    group: int | None = None
     batch_size: int = 32
 
     def __post_init__(self) -> None:
         check_methods(self.methods)
+        if self.group is None:
+            self.group = len(self.methods)
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
         if not self.temperature > 0:
@@ -242,7 +246,10 @@ class CodeTask(ModelTask):
         calls = []
         for job in jobs:
             p, method = by_id[job["problem"]], job["method"]
-            constraint = anything() if method == "unconstrained" else self._constraint(p)
+            # Free text ends at the stop strings too: the same completions, cut as they are
+            # written instead of after max_new_tokens.
+            constraint = (anything(stop=p.stop) if method == "unconstrained"
+                          else self._constraint(p))
             calls.append(({"key": job["key"], "problem": p.task_id, "method": method},
                           dict(prompt=p.prompt, constraint=constraint, method=method,
                                max_new_tokens=self.max_new_tokens, top_p=self.top_p,

@@ -1,0 +1,73 @@
+"""Stop strings: a sequence ends at the first place one of them appears in its text, and its
+text is cut before it (as OpenAI's ``stop`` and the Codex paper's sampling cut it).
+
+Matchers that end at stop strings (``anything(stop=…)``, ``python(stop=…)``) share this:
+where a text is cut, and which tokens finish a stop string after a given text. Only the
+text's last ``longest - 1`` bytes decide either, so a matcher keeps just those.
+
+>>> from adaptrack.tokenization.vocab import Vocabulary
+>>> vocab = Vocabulary([b"a", b"\\n", b"de", b"f", b"\\ndef", b"<eos>"], eos_ids=[5])
+>>> stops = StopStrings((b"\\ndef",), vocab)
+>>> stops.cut(b"a\\ndef x", 0), stops.cut(b"a\\nde", 0)
+(1, -1)
+>>> stops.finishing(b"a\\nde").tolist(), stops.finishing(b"a").tolist()  # "f", or "\\ndef"
+([3, 4], [4])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache import LRU
+from ..tokenization.vocab import Vocabulary
+
+
+class StopStrings:
+    """The non-empty byte strings ``stops`` over ``vocab``."""
+
+    def __init__(self, stops: tuple[bytes, ...], vocab: Vocabulary) -> None:
+        self.stops, self.vocab = stops, vocab
+        self.longest = max((len(s) for s in stops), default=0)
+        #: Tokens that hold a whole stop string: they finish from any text.
+        self.holding = np.asarray(
+            [t for t in vocab.text_ids.tolist() if any(s in vocab.bytes_of(t) for s in stops)],
+            dtype=np.int64)
+        self._finishing: LRU[bytes, np.ndarray] = LRU(limit=1024)
+
+    def tail(self, data: bytes) -> bytes:
+        """The end of ``data`` that decides what a next token can finish."""
+        return data[-(self.longest - 1):] if self.longest > 1 else b""
+
+    def cut(self, data: bytes, since: int) -> int:
+        """Where ``data`` is cut by the first stop string that ends after its byte
+        ``since`` (the bytes before it were checked already); -1: none."""
+        hits = [i for s in self.stops if (i := data.find(s, max(0, since - len(s) + 1))) >= 0]
+        return min(hits) if hits else -1
+
+    def final_text(self, data: bytes) -> bytes:
+        """``data`` cut before its first stop string."""
+        at = self.cut(data, 0)
+        return data if at < 0 else data[:at]
+
+    def finishing(self, text: bytes) -> np.ndarray:
+        """The tokens that put a stop string into ``text`` + token: those holding one, and
+        those that finish one ``text``'s end began; sorted ids."""
+        tail = self.tail(text)
+        found = self._finishing.get(tail)
+        if found is None:
+            parts = [self.holding]
+            trie = self.vocab.trie
+            for s in self.stops:
+                for k in range(1, len(s)):
+                    if not tail.endswith(s[:k]):
+                        continue
+                    node: int | None = 0
+                    for b in s[k:]:
+                        node = trie.children[node].get(b)  # type: ignore[index]
+                        if node is None:
+                            break
+                    if node is not None:
+                        parts.append(trie.subtree(node))
+            found = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+            self._finishing.put(tail, found)
+        return found
