@@ -478,8 +478,9 @@ def code_report(header: dict[str, Any], records: list[Record]) -> str:
     lines += ["", "## Functional correctness (Table 3)", "",
               "pass@1 (greedy) is the greedy completion; pass@k is eq. 5 over the samples. "
               "Parse: samples whose program up to the completion parses; name check: samples "
-              "the python constraint (names=True) accepts; fail / timeout / error: how the "
-              "other samples ended in the sandbox.", "", *_table(columns, rows)]
+              "the python constraint (names=True) accepts as a whole program (a completion "
+              "cut at max_new_tokens is not one); fail / timeout / error: how the other "
+              "samples ended in the sandbox.", "", *_table(columns, rows)]
     return "\n".join(lines)
 
 
