@@ -605,6 +605,35 @@ def test_a_request_past_the_timeout_is_504_and_the_engine_goes_on():
         assert len(r.choices) == 1
 
 
+def test_a_request_that_expires_in_the_queue_is_504_and_counted_as_cancelled():
+    gate = Gate()
+    with serving(gate.lm, max_concurrent=1, timeout=0.5) as (url, server):
+        gate.open.clear()
+        statuses: list[int] = []
+
+        def ask(prompt: str) -> None:
+            statuses.append(post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 2})[0])
+
+        running, queued = threading.Thread(target=ask, args=("a",)), threading.Thread(
+            target=ask, args=("b",))
+        running.start()
+        deadline = time.monotonic() + 10
+        while server.engine.running < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        queued.start()
+        while server.engine.queue_length < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.8)  # both past the timeout: one running, one still queued
+        gate.open.set()
+        running.join(30)
+        queued.join(30)
+        assert statuses == [504, 504]
+        metrics = raw(url, "GET", "/metrics")[2].decode()
+        assert "adaptrack_cancelled_total 2" in metrics
+
+
 def test_a_client_that_disconnects_has_its_walks_cancelled():
     gate = Gate(delay=0.02)
     with serving(gate.lm) as (url, server):

@@ -266,7 +266,7 @@ class EngineLoop:
             for job, reason in cancels:
                 self._guarded(job, self._cancel, job, reason)
             for job in expired:
-                self._guarded(job, self._finish, job, self._timeout(job))
+                self._guarded(job, self._cancel, job, self._timeout(job))
             for job in admit:
                 self._guarded(job, self._admit, job)
             for job in list(self._running):
