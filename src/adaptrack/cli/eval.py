@@ -124,12 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="nucleus (validity-aware for the constraint) in (0, 1] "
                                "(default: 0.95; the python constraint checks tokens one by "
                                "one, and 1 checks the whole vocabulary at every step)")
-        code.add_argument("--max-seconds", type=seconds, default=600.0, metavar="S",
+        code.add_argument("--max-seconds", type=seconds, default=codetask.MAX_SECONDS,
+                          metavar="S",
                           help="search budget of each job's generation in seconds, counted "
                                "from the start of its problem's jobs (all methods share one "
-                               "engine); 'inf' for none "
-                               "(default: 600); past it the job is recorded as an error and "
-                               "scored as a miss")
+                               "engine); 'inf' for none (default: "
+                               f"{codetask.MAX_SECONDS:g}); past it the job is recorded as an "
+                               "error and scored as a miss")
         code.add_argument("--must-end", action="store_true",
                           help="the searching methods sample only completions that end "
                                "within --max-new-tokens (by default a completion is cut "

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 #: that is not the function's body begins.
 STOP = ("\ndef", "\nclass", "\nif", "\nprint")
 METHODS = ("unconstrained", "cd", "adaptrack", "exact")
+#: The default budget of one problem's jobs, together (``CodeTask.max_seconds``).
+MAX_SECONDS = 1800.0
 
 ConstraintFactory = Callable[[str, tuple[str, ...]], Constraint]
 
@@ -162,9 +164,9 @@ class CodeTask(ModelTask):
     seed: int = 0
     #: The search budget of each generate call (None: none), counted from the start of the
     #: group of jobs it runs with (``group``: its problem's): past it the job records a
-    #: SearchTimeoutError, scored as a miss. AdapTrack, ASAp and exact search for
-    #: completions that end within ``max_new_tokens``, which can take a small model minutes.
-    max_seconds: float | None = 600.0
+    #: SearchTimeoutError, scored as a miss. Shared by the problem's methods: on a 2-core
+    #: CPU the default model's four methods at n = 20 take 5 to 15 minutes together.
+    max_seconds: float | None = MAX_SECONDS
     #: A completion that reaches ``max_new_tokens`` is cut there and scored, as the Codex
     #: paper's sampling cuts it, for every method: the searching methods then sample the
     #: same length distribution as unconstrained sampling (``generate``'s
