@@ -309,3 +309,25 @@ def test_the_search_budget_is_an_option_of_the_run(tmp_path):
     with pytest.raises(ValueError, match="max_seconds"):
         ToyTask(max_seconds=0)
     assert ToyTask(max_seconds=None).config()["max_seconds"] is None
+
+
+def test_a_file_written_before_allow_truncated_resumes_as_must_end(tmp_path):
+    path = tmp_path / "old.jsonl"
+    header = ToyTask(methods=("cd",), n=1, constraint=no_y, allow_truncated=False).config()
+    del header["allow_truncated"]  # as files written before the option had it
+    path.write_text(json.dumps({"header": header}) + "\n")
+    runner.run(ToyTask(methods=("cd",), n=1, constraint=no_y, allow_truncated=False), path)
+    with pytest.raises(ResultsMismatchError, match="allow_truncated: file False, now True"):
+        runner.run(ToyTask(methods=("cd",), n=1, constraint=no_y), path)
+
+
+def test_a_group_never_spans_two_problems():
+    # A resumed run may have only some of a problem's jobs left: a group (one engine, one
+    # budget) still holds one problem's.
+    task = ToyTask(methods=("unconstrained", "cd"), n=1, constraint=no_y)
+    assert task.group == 2
+    jobs = [{"key": f"{p}|{m}", "problem": p, "method": m}
+            for p, m in (("a", "cd"), ("b", "unconstrained"), ("b", "cd"), ("c", "cd"))]
+    groups = runner._groups(task, jobs)
+    assert [[j["key"] for j in g] for g in groups] == [["a|cd"], ["b|unconstrained", "b|cd"],
+                                                       ["c|cd"]]

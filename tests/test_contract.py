@@ -107,6 +107,12 @@ BAD_ARGUMENTS = {
                     r"stop takes a list of non-empty strings, got 'ab'"),
     "stop_empty": (lambda: C.anything(stop=["a", ""]), TypeError,
                    r"stop takes a list of non-empty strings"),
+    "stop_none": (lambda: C.anything(stop=None), TypeError,  # type: ignore[arg-type]
+                  r"stop takes a list of non-empty strings, got None"),
+    "stop_surrogate": (lambda: C.anything(stop=[SURROGATE]), ValueError,
+                       r"stop takes text encodable as UTF-8"),
+    "all_of_stop": (lambda: C.all_of(C.anything(stop=["b"]), C.regex("[ab]*")), ValueError,
+                    r"all_of cannot combine a constraint with stop strings"),
     "terminators_predicate": (lambda: C.predicate(bool, bool, terminators=1.5),  # type: ignore
                               TypeError, r"terminators takes .*got 1.5 \(float\)"),
     "api_names_none": (lambda: C.api_names(None), TypeError,  # type: ignore[arg-type]

@@ -370,13 +370,18 @@ class _Call:
     def use_tree(self, tree: PrefixTree) -> None:
         """Sample from ``tree`` instead of the call's own, before :meth:`submit`: a tree an
         earlier call built for the same prompt ids, constraint, temperature, top_p,
-        max_new_tokens and fast-forward (a server's cache of trees, ``adaptrack.serve``).
+        max_new_tokens, allow_truncated and fast-forward (a server's cache of trees,
+        ``adaptrack.serve``; a tree whose length rule differs is a ``ValueError``).
         Its expansions are reused; the method starts afresh on it (its own Q, counters and
         random streams), so a seed gives the samples a fresh tree gives. The budgets stay
         this call's: time counts from this call's start, nodes and opened bytes from what
         the tree already holds. ``result()``'s tree counters then include the earlier
         calls'."""
         own = self.tree
+        if (tree.allow_truncated, tree.restrict_length) != (own.allow_truncated,
+                                                            own.restrict_length):
+            raise ValueError("use_tree: the tree was built with another length rule "
+                             "(allow_truncated, or another method's); build a new one")
         tree.started, tree.max_seconds = own.started, own.max_seconds
         tree.max_nodes = tree.num_nodes + own.max_nodes
         tree.max_opened_bytes = tree.opened_bytes + own.max_opened_bytes

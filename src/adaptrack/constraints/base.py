@@ -180,14 +180,17 @@ class Anything(Constraint):
     def __init__(self, terminators: str | bytes | Iterable[str] | None = None,
                  stop: Iterable[str] = ()) -> None:
         self.terminators = terminator_bytes(terminators)
-        stops = [] if isinstance(stop, str) else list(stop)
+        try:
+            stops = [] if isinstance(stop, str) else list(stop)
+        except TypeError:
+            stops = [None]  # type: ignore[list-item]
         if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stops):
             raise TypeError(f"stop takes a list of non-empty strings, got {show(stop)}")
         self.stop = tuple(stops)
+        self._stop_bytes = tuple(utf8(s, "stop") for s in stops)
 
     def bind(self, vocab: Vocabulary) -> Matcher:
-        return _AnythingMatcher(vocab, self.terminators,
-                                tuple(utf8(s, "stop") for s in self.stop))
+        return _AnythingMatcher(vocab, self.terminators, self._stop_bytes)
 
 
 class _AnythingMatcher(Matcher):

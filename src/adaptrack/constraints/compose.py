@@ -38,6 +38,11 @@ class AllOf(Constraint):
         for part in parts:
             if not isinstance(part, Constraint):
                 raise TypeError(f"all_of takes constraints, got {type(part).__name__}")
+            if getattr(part, "stop", ()):
+                # Another part would reject the stop string that ends this one's text.
+                raise ValueError(f"all_of cannot combine a constraint with stop strings "
+                                 f"({type(part).__name__}, stop={list(part.stop)!r}); "  # type: ignore[attr-defined]
+                                 "give the stop strings to a single constraint instead")
         self.parts = parts
 
     def bind(self, vocab: Vocabulary) -> Matcher:

@@ -237,6 +237,10 @@ class CodeTask(ModelTask):
     def run(self, job: Job) -> Record:
         return self.run_many([job])[0]
 
+    def group_key(self, job: Job) -> str:
+        """Jobs served together are one problem's (its budget is theirs alone)."""
+        return str(job["problem"])
+
     def _constraint(self, problem: CodeProblem) -> Constraint:
         make = self.constraint or python_constraint
         return make(problem.prefix, problem.stop)

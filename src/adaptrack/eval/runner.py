@@ -91,8 +91,19 @@ def _timed_group(task: Task, jobs: list[Job]) -> list[Record]:
 
 
 def _groups(task: Task, jobs: list[Job]) -> list[list[Job]]:
+    """Consecutive jobs, at most :func:`group_size` a group; a task whose ``group_key(job)``
+    names what belongs together (a problem) never mixes two keys in a group."""
     size = group_size(task)
-    return [jobs[i:i + size] for i in range(0, len(jobs), size)]
+    key = getattr(task, "group_key", None)
+    out: list[list[Job]] = []
+    for job in jobs:
+        last = out[-1] if out else None
+        if (last is None or len(last) >= size
+                or (key is not None and key(last[0]) != key(job))):
+            out.append([job])
+        else:
+            last.append(job)
+    return out
 
 
 class Pool(Protocol):
@@ -317,6 +328,7 @@ class ResultsFile:
         self._file.seek(0)
         old, self.records, complete = parse_results(self._file, self.path,
                                                     "; pass a new file name")
+        old = {**{k: v for k, v in ADDED_LATER.items() if k in self.header}, **old}
         keys = sorted(set(old) | set(self.header))
         differ = [k for k in keys if old.get(k) != self.header.get(k)]
         if differ:
@@ -407,6 +419,10 @@ _CODE_HEADER: dict[str, Check] = {
     "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
     "allow_truncated": (lambda x: isinstance(x, bool), "true or false"),
     "memory_bytes": POSITIVE, "data": STR}
+
+#: Header options added after results files were written, with the value those files ran
+#: with: such a file resumes under that value.
+ADDED_LATER: dict[str, Any] = {"allow_truncated": False}
 
 HEADERS: dict[str, dict[str, Check]] = {
     "tfv1": _TFV1_HEADER,

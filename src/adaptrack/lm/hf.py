@@ -197,6 +197,13 @@ class TransformersLM(LanguageModel):
         the state, and its tokens."""
         best, best_kv = 0, None
         best_tokens: Prefix = ()
+        if self.reuse and outputs == 1:
+            # The usual step: a walk extends its own prefix by one token. Its state, or one
+            # of the prefix itself, is the longest usable one; no scan of every kept state.
+            for tokens in (prefix[:-1], prefix):
+                kv = self._states.peek(tuple(tokens))
+                if kv is not None and len(tokens):
+                    return len(prefix) - 1, kv, tuple(tokens)
         if self.reuse:
             for tokens, kv in self._states.items():
                 n = common_prefix(tokens, prefix)
