@@ -179,15 +179,11 @@ class Anything(Constraint):
 
     def __init__(self, terminators: str | bytes | Iterable[str] | None = None,
                  stop: Iterable[str] = ()) -> None:
+        from .stop import stop_strings
+
         self.terminators = terminator_bytes(terminators)
-        try:
-            stops = [] if isinstance(stop, str) else list(stop)
-        except TypeError:
-            stops = [None]  # type: ignore[list-item]
-        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stops):
-            raise TypeError(f"stop takes a list of non-empty strings, got {show(stop)}")
-        self.stop = tuple(stops)
-        self._stop_bytes = tuple(utf8(s, "stop") for s in stops)
+        self._stop_bytes = stop_strings(stop)
+        self.stop = tuple(s.decode() for s in self._stop_bytes)
 
     def bind(self, vocab: Vocabulary) -> Matcher:
         return _AnythingMatcher(vocab, self.terminators, self._stop_bytes)
@@ -210,7 +206,7 @@ class _AnythingMatcher(Matcher):
         finishing[vocab.eos_ids] = True
         self._finishing = np.flatnonzero(finishing)
         # With stop strings a state is the text's last bytes (what decides the next cut).
-        self._stops = StopStrings(stops, vocab) if stops else None
+        self._stops = StopStrings(stops, vocab, self._finishing) if stops else None
 
     def start(self) -> State:
         return b"" if self._stops else 0
@@ -219,9 +215,9 @@ class _AnythingMatcher(Matcher):
         return self._allowed
 
     def finishing(self, state: State) -> np.ndarray:
-        if self._stops is None or not isinstance(state, bytes):
+        if self._stops is None:
             return self._finishing
-        return np.union1d(self._finishing, self._stops.finishing(state))
+        return self._stops.finishing(state)  # type: ignore[arg-type]
 
     def advance(self, state: State, token: int) -> State | None:
         if self.vocab.is_eos(token) or token in self._ending:
@@ -229,10 +225,11 @@ class _AnythingMatcher(Matcher):
         data = self.vocab.bytes_of(token)
         if not data:
             return None
-        if self._stops is None or not isinstance(state, bytes):
+        if self._stops is None:
             return 0
-        text = state + data
-        if self._stops.cut(text, len(state)) >= 0:
+        seen: bytes = state  # type: ignore[assignment]
+        text = seen + data
+        if self._stops.cut(text, len(seen)) >= 0:
             return DONE
         return self._stops.tail(text)
 

@@ -45,7 +45,7 @@ from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
 from .base import DONE, Matcher, State, show, utf8
 from .predicate import Predicate, PredicateMatcher, _decode
-from .stop import StopStrings
+from .stop import StopStrings, stop_strings
 
 #: HumanEval's stop strings (the completion is a function body; these start the next
 #: top-level statement).
@@ -319,9 +319,7 @@ class Python(Predicate):
         if not isinstance(prefix, str):
             raise TypeError(f"prefix takes the program text before the generated code (a str), "
                             f"got {show(prefix)} ({type(prefix).__name__})")
-        stops = [] if isinstance(stop, str) else list(stop)
-        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stops):
-            raise TypeError(f"stop takes a list of non-empty strings, got {show(stop)}")
+        stop_bytes = stop_strings(stop)
         if modules is not None:
             names_ = [] if isinstance(modules, str) else list(modules)
             if isinstance(modules, str) or not all(isinstance(m, str) for m in names_):
@@ -332,8 +330,8 @@ class Python(Predicate):
         if not _prefix_ok(prefix):
             raise ValueError(f"prefix is not the start of a valid Python program: "
                              f"{show(prefix[-60:])} ({_compiles(prefix, _FLAGS)})")
-        self.prefix, self.names, self.stop = prefix, bool(names), tuple(stops)
-        self.stop_bytes = tuple(utf8(s, "stop") for s in self.stop)
+        self.prefix, self.names = prefix, bool(names)
+        self.stop_bytes, self.stop = stop_bytes, tuple(s.decode() for s in stop_bytes)
         self._names = _Names(prefix, modules) if names else None
         super().__init__(self._text_ok, self._program_ok, timeout=timeout,
                          max_timeouts=max_timeouts)
@@ -420,8 +418,8 @@ class PythonMatcher(PredicateMatcher):
 
     def __init__(self, pred: Python, vocab: Vocabulary) -> None:
         super().__init__(pred, vocab)
-        self._stops = StopStrings(pred.stop_bytes, vocab)
-        self._ending = np.union1d(self._ending, self._stops.holding)
+        self._stops = StopStrings(pred.stop_bytes, vocab, self._ending)
+        self._ending = self._stops.ending
         self._scan_from = _open_end(pred.prefix)
         self._in_comment: LRU[bytes, bool] = LRU(limit=4096)
 
@@ -430,7 +428,7 @@ class PythonMatcher(PredicateMatcher):
         started."""
         if not isinstance(state, bytes) or not self.p.stop_bytes:
             return self._ending
-        return np.union1d(self._ending, self._stops.finishing(state))
+        return self._stops.finishing(state)
 
     def advance(self, state: State, token: int) -> State | None:
         if not isinstance(state, bytes) or self.vocab.is_eos(token):

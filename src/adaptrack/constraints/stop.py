@@ -16,22 +16,41 @@ text's last ``longest - 1`` bytes decide either, so a matcher keeps just those.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
+from .base import show, utf8
+
+
+def stop_strings(stop: Iterable[str]) -> tuple[bytes, ...]:
+    """A constraint's ``stop`` argument checked and encoded: a list of non-empty strings
+    (``TypeError`` otherwise; ``ValueError`` for text UTF-8 cannot encode)."""
+    try:
+        stops = [] if isinstance(stop, str) else list(stop)
+    except TypeError:
+        stops = [None]  # type: ignore[list-item]
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stops):
+        raise TypeError(f"stop takes a list of non-empty strings, got {show(stop)}")
+    return tuple(utf8(s, "stop") for s in stops)
 
 
 class StopStrings:
-    """The non-empty byte strings ``stops`` over ``vocab``."""
+    """The non-empty byte strings ``stops`` over ``vocab``; ``ending``: the tokens that end
+    a sequence whatever the text (EOS, terminators), part of every :meth:`finishing` set."""
 
-    def __init__(self, stops: tuple[bytes, ...], vocab: Vocabulary) -> None:
+    def __init__(self, stops: tuple[bytes, ...], vocab: Vocabulary,
+                 ending: np.ndarray | None = None) -> None:
         self.stops, self.vocab = stops, vocab
         self.longest = max((len(s) for s in stops), default=0)
         #: Tokens that hold a whole stop string: they finish from any text.
         self.holding = np.asarray(
             [t for t in vocab.text_ids.tolist() if any(s in vocab.bytes_of(t) for s in stops)],
             dtype=np.int64)
+        self.ending = (self.holding if ending is None
+                       else np.union1d(np.asarray(ending, dtype=np.int64), self.holding))
         self._finishing: LRU[bytes, np.ndarray] = LRU(limit=1024)
 
     def tail(self, data: bytes) -> bytes:
@@ -50,12 +69,12 @@ class StopStrings:
         return data if at < 0 else data[:at]
 
     def finishing(self, text: bytes) -> np.ndarray:
-        """The tokens that put a stop string into ``text`` + token: those holding one, and
-        those that finish one ``text``'s end began; sorted ids."""
+        """The tokens that end ``text`` + token: ``ending``, those holding a stop string,
+        and those that finish one ``text``'s end began; sorted ids."""
         tail = self.tail(text)
         found = self._finishing.get(tail)
         if found is None:
-            parts = [self.holding]
+            parts = [self.ending]
             trie = self.vocab.trie
             for s in self.stops:
                 for k in range(1, len(s)):
