@@ -14,6 +14,7 @@ Models with sliding-window layers (whose caches cannot be cropped) are run witho
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,6 +148,10 @@ class TransformersLM(LanguageModel):
         self.reuse = not any("sliding" in str(t) for t in types) and not getattr(
             model.config, "use_sliding_window", False) and kv_cache_bytes > 0
         self._states: LRU[Prefix, KV] = LRU(kv_cache_bytes, size=_kv_bytes)
+        # transformers 5 names the KV cache ``cache`` (argument and output) and drops
+        # ``past_key_values``, which older releases take.
+        forward = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self.forward_calls = 0  # forward passes (a pass may serve several prefixes)
         self.fed_tokens = 0  # tokens fed through the model, prompt and re-feeds included
 
@@ -250,7 +255,7 @@ class TransformersLM(LanguageModel):
         cache = self._batched_cache(sources, width) if width else None
         kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": pos, "use_cache": self.reuse}
         if cache is not None:
-            kwargs["past_key_values"] = cache
+            kwargs[self._cache_arg] = cache
         if rows > 1:  # one row has no padding, so no mask
             kwargs["attention_mask"] = mask
         if rows == 1:
@@ -269,7 +274,7 @@ class TransformersLM(LanguageModel):
         self.fed_tokens += sum(len(t) for t in new)
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         if self.reuse:
-            self._keep(prefixes, kept, new, width, out.past_key_values,
+            self._keep(prefixes, kept, new, width, getattr(out, self._cache_arg),
                        [tokens for _, _, tokens in found])
         return logprobs
 
