@@ -1,5 +1,6 @@
-"""Fast-forward inside the samplers: forced chains cost one model call, enter Q exactly, and
-condition the target on canonical tokenization of forced bytes (design.md §2)."""
+"""Fast-forward inside the samplers: forced chains cost one model call and enter Q exactly;
+forced, they condition the target on canonical tokenization of forced bytes; prefilled (the
+searching methods' default), they change no sample (design.md §2)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from adaptrack.testing import hashed_weights
 VOCAB = [b"x", b"y", b"z", b"w", b"xy", b"zw", b"xyz", b"w1", b"1", b"2", b"<eos>"]
 EOS = len(VOCAB) - 1
 NAMES = choice(["xyzw1", "xyzw2", "xyzw12"])
+# "xyzxyzw" is forced: the chain is "xyz" "xyz", and "w" is held back.
+LONG = choice(["xyzxyzw1", "xyzxyzw2", "xyzxyzw12"])
+FORCE = FastForward(force=True)
 
 
 class CountingLM(at.TableLM):
@@ -54,7 +58,8 @@ def test_the_forced_chain_is_canonical_and_one_call() -> None:
 def test_target_is_conditioned_on_canonical_forced_tokens() -> None:
     lm = CountingLM()
     full = at.exact_distribution(lm, [], NAMES, max_new_tokens=6, fast_forward=False)
-    ff = at.exact_distribution(lm, [], NAMES, max_new_tokens=6)
+    assert at.exact_distribution(lm, [], NAMES, max_new_tokens=6) == full  # prefilled
+    ff = at.exact_distribution(lm, [], NAMES, max_new_tokens=6, fast_forward=FORCE)
     assert set(ff) < set(full)
     assert all(seq[0] == VOCAB.index(b"xyz") for seq in ff)
     ratios = [ff[s] / full[s] for s in ff]
@@ -66,15 +71,52 @@ def test_target_is_conditioned_on_canonical_forced_tokens() -> None:
                                              ("asap", {})])
 def test_samplers_follow_the_conditioned_target(method: str, options: dict) -> None:
     lm = CountingLM()
-    target = at.exact_distribution(lm, [], NAMES, max_new_tokens=6)
+    target = at.exact_distribution(lm, [], NAMES, max_new_tokens=6, fast_forward=FORCE)
     n = 3000 if method != "asap" else 6000
-    res = at.generate(lm, [], NAMES, method=method, n=n, seed=1, max_new_tokens=6, **options)
+    res = at.generate(lm, [], NAMES, method=method, n=n, seed=1, max_new_tokens=6,
+                      fast_forward=FORCE, **options)
     counts: dict = {}
     for s in res.samples:
         counts[s.tokens] = counts.get(s.tokens, 0) + 1
     assert set(counts) <= set(target)
     stat = sum((counts.get(s, 0) - p * n) ** 2 / (p * n) for s, p in target.items())
     assert chi2.sf(stat, len(target) - 1) > 1e-3, (counts, target)
+
+
+@pytest.mark.parametrize("method, options", [
+    ("exact", {}), ("adaptrack", {}), ("adaptrack", {"share_q": True}),
+    ("adaptrack", {"share_q": True, "max_backtrack": 1}), ("asap", {})])
+def test_searching_methods_prefill_chains_without_changing_samples(method: str,
+                                                                   options: dict) -> None:
+    """By default asap, adaptrack and exact only prefill a forced chain: every tokenization
+    of the forced bytes stays valid, so they draw the samples of fast_forward=False (the
+    model is exact), and a walk along the canonical tokens finds their distributions in the
+    chain's one call."""
+    kw = dict(method=method, n=200, seed=2, max_new_tokens=8, **options)
+    off = at.generate(CountingLM(), [], LONG, fast_forward=False, **kw)
+    lm = CountingLM()
+    on = at.generate(lm, [], LONG, **kw)
+    assert [s.tokens for s in on.samples] == [s.tokens for s in off.samples]
+    assert [s.logprob for s in on.samples] == pytest.approx([s.logprob for s in off.samples])
+    xyz = VOCAB.index(b"xyz")
+    assert {s.tokens[:1] for s in on.samples} > {(xyz,)}  # other tokenizations are drawn
+    assert on.stats["ff_sequences"] >= 1 and on.stats["forced_tokens"] >= 2
+    assert on.stats["lm_calls"] < off.stats["lm_calls"]
+    forced = at.generate(CountingLM(), [], LONG, fast_forward=FORCE, **kw)
+    assert {s.tokens[:2] for s in forced.samples} == {(xyz, xyz)}
+
+
+def test_cd_forces_by_default() -> None:
+    kw = dict(method="cd", n=50, seed=3, max_new_tokens=8)
+    on = at.generate(CountingLM(), [], LONG, **kw)
+    assert [s.tokens for s in on.samples] == [
+        s.tokens for s in at.generate(CountingLM(), [], LONG, fast_forward=FORCE, **kw).samples]
+    prefilled = at.generate(CountingLM(), [], LONG, fast_forward=FastForward(force=False),
+                            **kw)
+    off = at.generate(CountingLM(), [], LONG, fast_forward=False, **kw)
+    assert [s.tokens for s in prefilled.samples] == [s.tokens for s in off.samples]
+    with pytest.raises(TypeError, match="force"):
+        FastForward(force=1)  # type: ignore[arg-type]
 
 
 def test_q_uses_the_forced_tokens_probabilities() -> None:
@@ -124,12 +166,13 @@ def test_json_schema_fast_forward_on_a_toy_vocabulary() -> None:
 def test_fast_forward_options() -> None:
     lm = CountingLM()
     never = at.exact_distribution(lm, [], NAMES, max_new_tokens=6,
-                                  fast_forward=at.FastForward(max_tokens=0))
+                                  fast_forward=at.FastForward(max_tokens=0, force=True))
     # max_tokens=0 holds nothing back: "xyz" "w" is forced, so "w1" never starts a name.
     assert all(seq[:2] == (VOCAB.index(b"xyz"), VOCAB.index(b"w")) for seq in never)
     careful = at.exact_distribution(lm, [], NAMES, max_new_tokens=6,
-                                    fast_forward=at.FastForward(conservative=True))
-    assert set(careful) == set(at.exact_distribution(lm, [], NAMES, max_new_tokens=6))
+                                    fast_forward=at.FastForward(conservative=True, force=True))
+    assert set(careful) == set(at.exact_distribution(lm, [], NAMES, max_new_tokens=6,
+                                                     fast_forward=FORCE))
     with pytest.raises(TypeError, match="fast_forward"):
         at.generate(lm, [], NAMES, fast_forward="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_tokens"):

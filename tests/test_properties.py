@@ -34,6 +34,7 @@ EOS_BYTES = b"<eos>"
 MAX_NODES = 50_000
 TIME_BOUND_S = 10.0  # per call; a generous bound, the calls take milliseconds
 CONSTRAINED = ("cd", "asap", "adaptrack", "exact")
+FORCE = at.FastForward(force=True)  # forced tokens only valid: the conditioned target
 
 DONE = "DONE"  # the reference state of a finished sequence
 
@@ -437,14 +438,15 @@ def test_property_problems_exercise_both_outcomes(method: str) -> None:
 def test_fast_forward_conditions_the_target(problem: Problem, max_new_tokens: int,
                                             temperature: float, seed: int,
                                             data: st.DataObject) -> None:
-    """design.md §2: with fast-forward the target is P restricted to the sequences whose
-    forced bytes are canonically tokenized (P_ff ∝ P on a subset of the support), and every
-    method samples inside it; a forced chain is one model call."""
+    """design.md §2: with forced fast-forward the target is P restricted to the sequences
+    whose forced bytes are canonically tokenized (P_ff ∝ P on a subset of the support), and
+    every method samples inside it; a forced chain is one model call."""
     ref = problem.language(max_new_tokens, 1.0)
     with hang_guard(TIME_BOUND_S):
         try:
             ff = exact_distribution(problem.lm, list(problem.prompt), problem.constraint,
-                                    max_new_tokens=max_new_tokens, max_nodes=MAX_NODES)
+                                    max_new_tokens=max_new_tokens, max_nodes=MAX_NODES,
+                                    fast_forward=FORCE)
         except NoValidSequenceError:
             ff = {}
     assert set(ff) <= set(ref)
@@ -456,7 +458,7 @@ def test_fast_forward_conditions_the_target(problem: Problem, max_new_tokens: in
         options = adaptrack_options(data) if method == "adaptrack" else {}
         calls_before = problem.lm.calls
         result = run_generate(problem, method, n=3, temperature=temperature,
-                              max_new_tokens=max_new_tokens, seed=seed, fast_forward=True,
+                              max_new_tokens=max_new_tokens, seed=seed, fast_forward=FORCE,
                               **options)
         if isinstance(result, NoValidSequenceError):
             assert method != "unconstrained" and (not ff or method == "cd")
@@ -467,6 +469,41 @@ def test_fast_forward_conditions_the_target(problem: Problem, max_new_tokens: in
         for sample in result.samples:
             if method != "unconstrained" and sample.complete:
                 assert sample.valid and sample.tokens in ff, (method, sample.tokens, ff)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(problem=problems(), max_new_tokens=st.integers(1, 8),
+       temperature=st.sampled_from([0.0, 1.0]), seed=st.integers(0, 2**31 - 1),
+       data=st.data())
+def test_prefilled_chains_change_no_sample(problem: Problem, max_new_tokens: int,
+                                           temperature: float, seed: int,
+                                           data: st.DataObject) -> None:
+    """design.md §2: the searching methods only prefill forced chains by default, so with
+    an exact model they draw the very samples of ``fast_forward=False``, and the target
+    (``exact_distribution``'s default) is the unconditioned one."""
+    with hang_guard(TIME_BOUND_S):
+        try:
+            dist = exact_distribution(problem.lm, list(problem.prompt), problem.constraint,
+                                      max_new_tokens=max_new_tokens, max_nodes=MAX_NODES)
+        except NoValidSequenceError:
+            dist = {}
+    ref = problem.language(max_new_tokens, 1.0)
+    assert set(dist) == set(ref)
+    for s, p in dist.items():
+        assert math.isclose(p, ref[s], rel_tol=1e-7, abs_tol=1e-12), (s, p)
+    for method in ("asap", "adaptrack", "exact"):
+        options = adaptrack_options(data) if method == "adaptrack" else {}
+        kw = dict(n=3, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                  **options)
+        off = run_generate(problem, method, fast_forward=False, **kw)
+        on = run_generate(problem, method, fast_forward=True, **kw)
+        if isinstance(off, NoValidSequenceError):
+            assert isinstance(on, NoValidSequenceError), method
+            continue
+        assert isinstance(on, at.GenerationResult), (method, on)
+        assert [s.tokens for s in on.samples] == [s.tokens for s in off.samples], method
+        assert on.stats["lm_calls"] <= off.stats["lm_calls"], method
 
 
 # ------------------------------------------------------------------- greedy with shared Q

@@ -343,6 +343,12 @@ def test_a_reused_tree_gives_the_fresh_samples_with_fewer_model_calls(toy):
     ref = at.generate(lm, "reuse me", at.constraints.regex("(ab|ba|the){1,3}"),
                       method="exact", n=6, seed=12, max_new_tokens=10)
     assert [ch.text for ch in other.choices] == ref.texts and stats(other)["trees_reused"]
+    # cd forces chains where exact prefills them (docs/design.md §2): another tree
+    cd = c.completions.create(model="toy", prompt="reuse me", n=6, seed=11, max_tokens=10,
+                              extra_body={**body, "decoding_method": "cd"})
+    ref = at.generate(lm, "reuse me", at.constraints.regex("(ab|ba|the){1,3}"),
+                      method="cd", n=6, seed=11, max_new_tokens=10)
+    assert [ch.text for ch in cd.choices] == ref.texts and stats(cd)["trees_reused"] == 0
 
 
 def test_the_tree_cache_is_bounded_in_bytes():

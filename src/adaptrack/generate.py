@@ -8,7 +8,7 @@ import numbers
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .constraints.base import Anything, Constraint, Matcher
@@ -213,12 +213,14 @@ def _require_room(matcher: Matcher, max_new_tokens: int) -> None:
         )
 
 
-def _fast_forward(option: bool | FastForward) -> FastForward | None:
-    if isinstance(option, FastForward):
-        return option
-    if not isinstance(option, bool):
+def _fast_forward(option: bool | FastForward, forces: bool) -> FastForward | None:
+    """The options for a tree; ``force=None`` becomes ``forces`` (the method's choice)."""
+    if not isinstance(option, bool | FastForward):
         raise TypeError(f"fast_forward must be True, False or FastForward(...), got {option!r}")
-    return FastForward() if option else None
+    if option is False:
+        return None
+    ff = FastForward() if option is True else option
+    return ff if ff.force is not None else replace(ff, force=forces)
 
 
 def _text(matcher: Matcher, lm: LanguageModel, node: Node) -> str:
@@ -282,7 +284,7 @@ class _Call:
         if not 0 <= mbp <= 1:
             raise ValueError(f"min_backtrack_prob must be in [0, 1], got {min_backtrack_prob}")
         seconds = _check_seconds(max_seconds)
-        ff = _fast_forward(fast_forward)
+        ff = _fast_forward(fast_forward, METHODS[method].forces_chains)
         if on_sample is not None and not callable(on_sample):
             raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
         self.started = time.perf_counter() if started is None else started
@@ -457,10 +459,14 @@ def generate(
     (``parallel``) changes the samples, never the target of ``exact``.
 
     ``fast_forward`` (``True``, ``False`` or :class:`FastForward` options): bytes the
-    constraint forces are fed as their canonical tokens in one model call, and each forced
-    token's probability still enters Q. The target is then conditioned on forced bytes being
-    tokenized canonically (docs/design.md §2); ``False`` feeds them token by token,
-    unconditioned. Forced tokens skip the top-p cutoff.
+    constraint forces are fed as their canonical tokens in one model call. ``cd`` then
+    forces them: a forced token is the only valid one and skips the top-p cutoff, and its
+    target is conditioned on forced bytes being tokenized canonically. ``asap``,
+    ``adaptrack`` and ``exact`` only prefill the chain: every valid token stays valid, so
+    their target and, with an exact model, their samples are those of
+    ``fast_forward=False``, with fewer model calls wherever a walk follows the canonical
+    tokens (docs/design.md §2). ``FastForward(force=True)`` or ``force=False`` chooses for
+    every method.
 
     ``allow_truncated``: by default ``max_new_tokens`` is part of the constraint (a prefix
     that cannot end within it is invalid), so the searching methods sample text that ends
@@ -638,8 +644,10 @@ def exact_distribution(
 
     Sequences are complete (they end with EOS or a terminator, within ``max_new_tokens``);
     with ``allow_truncated``, valid prefixes of ``max_new_tokens`` tokens count as well.
-    ``fast_forward`` as in :func:`generate`: by default the target is conditioned on
-    forced bytes being tokenized canonically, the distribution ``generate`` samples.
+    ``fast_forward`` as in :func:`generate`: by default chains are only prefilled, so the
+    target is the one without fast-forward (the distribution ``asap``, ``adaptrack`` and
+    ``exact`` sample); ``FastForward(force=True)`` conditions it on forced bytes being
+    tokenized canonically.
     Raises ``TreeLimitError`` when enumeration needs more than ``max_nodes`` prefixes,
     ``SearchTimeoutError`` past ``max_seconds``, ``PromptTooLongError`` when the prompt and
     ``max_new_tokens`` exceed the model's context, and ``NoValidSequenceError`` when no
@@ -657,7 +665,7 @@ def exact_distribution(
     if temperature == 0:
         raise ValueError("exact_distribution needs temperature > 0, got 0")
     seconds = _check_seconds(max_seconds)
-    ff = _fast_forward(fast_forward)
+    ff = _fast_forward(fast_forward, False)  # the target asap, adaptrack and exact sample
     ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, False)
     matcher = _bind(constraint, lm)
     if not allow_truncated:

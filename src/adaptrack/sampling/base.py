@@ -31,11 +31,15 @@ class Method:
     walks run at once over that one Q (the AdapTrack paper's §7.2.1 parallel update).
     ``eager_chains``: whether a walk at a forced chain's head always goes on into the chain,
     so that the whole chain is best fed at once (else only where a walk enters it).
+    ``forces_chains``: what ``FastForward(force=None)`` means for the method: forced tokens
+    are the only valid ones (the target conditioned on canonical tokenization), or chains
+    are only prefilled (the target unchanged; docs/design.md §2, fast-forward).
     """
 
     independent = True
     parallel = False
     eager_chains = True
+    forces_chains = False
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """A method sampling from ``tree``; ``greedy``: temperature 0 (docs/design.md §2)."""

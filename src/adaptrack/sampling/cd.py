@@ -25,6 +25,8 @@ class ConstrainedDecoding(Method):
     True
     """
 
+    forces_chains = True  # CD conditions on its own path anyway: take the fewest calls
+
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """CD over ``tree``; ``greedy``: take the argmax (temperature 0)."""
         super().__init__(tree, greedy)

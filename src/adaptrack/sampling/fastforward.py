@@ -1,10 +1,14 @@
 """Fast-forward: feeding the bytes a constraint forces as canonical tokens (docs/design.md
-§2, fast-forward target; llguidance's documentation of fast-forward tokens).
+§2, fast-forward; llguidance's documentation of fast-forward tokens).
 
 :class:`FastForward` holds the options ``generate`` takes; :func:`forced_tokens` is the
 mechanism: the constraint's forced bytes, tokenized as the model's tokenizer would
 (:meth:`~adaptrack.tokenization.tokenizer.Tokenizer.tokenize_partial_with`), holding back
-final tokens that a longer token the constraint allows could span.
+final tokens that a longer token the constraint allows could span. A chain of such tokens
+is fed in one model call either way; ``force`` says whether its tokens are then the only
+valid ones (the target conditioned on canonical tokenization) or only prefilled (every
+valid token stays valid: the target is unchanged and the chain's distributions are ready
+for the walks that follow it).
 """
 
 from __future__ import annotations
@@ -29,19 +33,30 @@ class FastForward:
     longer token, allowed or not; ``max_tokens=0``: never hold back). The tokenizer sees its
     ``context_tokens`` last tokens before the forced bytes.
 
-    >>> FastForward(max_tokens=2).conservative
-    False
+    ``force``: ``True`` makes a forced token the only valid one at its position, so the
+    target is conditioned on forced bytes being tokenized canonically (llguidance's
+    behaviour); ``False`` only prefills the chain, so the target is the one without
+    fast-forward and a walk that follows the canonical tokens finds their distributions
+    computed; ``None`` lets the method choose (``generate``: ``cd`` forces, ``asap``,
+    ``adaptrack`` and ``exact`` prefill; a :class:`~adaptrack.sampling.tree.PrefixTree`
+    built directly forces).
+
+    >>> FastForward(max_tokens=2).conservative, FastForward().force
+    (False, None)
     """
 
     max_tokens: int = 4
     conservative: bool = False
     tokenizer: Tokenizer | None = None
+    force: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise TypeError(f"FastForward needs an int max_tokens, got {self.max_tokens!r}")
         if self.max_tokens < 0:
             raise ValueError(f"FastForward needs max_tokens >= 0, got {self.max_tokens}")
+        if self.force is not None and not isinstance(self.force, bool):
+            raise TypeError(f"FastForward needs force True, False or None, got {self.force!r}")
 
 
 def forced_bytes(matcher: Matcher, state: State, limit: int | None) -> bytes:

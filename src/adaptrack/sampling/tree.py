@@ -43,9 +43,9 @@ class Node:
         self.expansion: Expansion | None = None
         self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``
         self.opened = False  # some Q table holds this node's expansion: never evicted
-        # Fast-forward: the forced tokens still to feed from here (pending[0] is then the
-        # only valid next token); None until computed. ``in_chain``: this node's token came
-        # in a fed chain, so its expansion came with the chain's one model call.
+        # Fast-forward: the forced tokens still to feed from here (when forced, pending[0]
+        # is then the only valid next token); None until computed. ``in_chain``: this
+        # node's token came in a fed chain, so its expansion came with the chain's one call.
         self.pending: tuple[int, ...] | None = None
         self.in_chain = False
         # Ends a sample because it reached max_new_tokens (``allow_truncated``): then
@@ -164,6 +164,9 @@ class PrefixTree:
         self.max_seconds = max_seconds
         self.started = time.monotonic()
         self.fast_forward = fast_forward
+        # Forced tokens are the only valid ones (target conditioned on canonical
+        # tokenization), or chains are only prefilled (target unchanged); docs/design.md §2.
+        self.force_chains = fast_forward is not None and fast_forward.force is not False
         if fast_forward is not None:
             self._tokenizer = fast_forward.tokenizer or Tokenizer.for_model(lm)
         self.ff_sequences = 0  # forced chains fed (one model call each)
@@ -216,8 +219,8 @@ class PrefixTree:
         limit get their empty expansion here, with no model call.
 
         ``eager=False`` feeds a chain only once a walk has stepped into it: its head gets
-        one distribution (the forced token is then its only valid one), and the first node
-        inside the chain feeds the rest. A walk that leaves the head (AdapTrack's
+        one distribution (when forced, the forced token is then its only valid one), and
+        the first node inside the chain feeds the rest. A walk that leaves the head (AdapTrack's
         backtracking, a rejected ``exact`` attempt) then prefills nothing it does not use.
         """
         todo = list({id(n): n for n in nodes if n.expansion is None}.values())
@@ -320,7 +323,7 @@ class PrefixTree:
         probs /= probs.sum()
         last = self.restrict_length and node.depth == self.max_new_tokens - 1
         matcher, state = self.matcher, node.state
-        if node.pending:  # fast-forward: the forced token is the only valid one (no top-p)
+        if node.pending and self.force_chains:  # the forced token alone is valid (no top-p)
             tok = node.pending[0]
             after = matcher.advance(state, tok)
             ok = after is not None and (not last or matcher.is_complete(after))
@@ -372,8 +375,8 @@ class PrefixTree:
                      and node.depth + 1 >= self.max_new_tokens)
         child = Node(node, token, state, complete or truncated, 0.0)
         child.truncated = truncated
-        if node.pending:  # the rest of the chain; at its end, look for new forced bytes
-            child.pending, child.in_chain = node.pending[1:] or None, True
+        if node.pending and token == node.pending[0]:  # the rest of the chain; at its end,
+            child.pending, child.in_chain = node.pending[1:] or None, True  # new forced bytes
         child.slot = exp.index(token)
         child.logprob = node.logprob + math.log(exp.p[child.slot])
         node.children[token] = child

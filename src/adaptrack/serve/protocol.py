@@ -179,12 +179,14 @@ class Options:
     def tree_key(self, ids: Sequence[int]) -> Hashable:
         """What determines a prompt's prefix tree (docs/design.md §4): prompt ids,
         constraint, temperature (0 keeps the model's own distribution, as 1 does), top_p,
-        max_new_tokens, fast-forward, and whether the walk is unconstrained."""
+        max_new_tokens, fast-forward (forced or prefilled, by method), and whether the walk
+        is unconstrained."""
         unconstrained = self.method == "unconstrained"
+        ff = self.fast_forward and not unconstrained
         # The constraint stays in the key when unconstrained: its terminators end the walk.
         return (tuple(ids), self.constraint_key,
                 self.temperature or 1.0, self.top_p, self.max_tokens,
-                self.fast_forward and not unconstrained, unconstrained)
+                ff, ff and METHODS[self.method].forces_chains, unconstrained)
 
 
 # -- parsing -------------------------------------------------------------------------------
