@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import keyword
 import re
 import symtable
 import sys
@@ -56,9 +57,16 @@ _KEYWORDS = ("False", "None", "True", "and", "as", "assert", "async", "await", "
              "continue", "def", "del", "elif", "else", "except", "finally", "for", "from",
              "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass",
              "raise", "return", "try", "while", "with", "yield")
-# Endings of a token the text may have cut short, each tried before a line continuation:
-# "=" of "==" / "!=" / ":=", ">" of "->", "0" of a number ("1e", "0x"), a closing quote.
-_TOKEN_ENDS = ("=", ">", "0")
+# Endings of a token the text may have cut short, each tried before a line continuation
+# where the text's end can take it: "=" of "==" / "!=" / ":=" (and of any augmented
+# operator), ">" of "->", "0" of a number ("1e", "0x", "1e-", ".") or of a name that is
+# a keyword so far ("in" of "int"), a closing quote.
+_TOKEN_ENDS = (
+    ("=", re.compile(r"[-!:=<>*/+%&|^@]\Z")),
+    (">", re.compile(r"-\Z")),
+    ("0", re.compile(r"(?:(?<![\w.])(?:\d[\w.]*(?:[eE][+-])?|\.)|(?<!\w)(?:"
+                     + "|".join(keyword.kwlist + keyword.softkwlist) + r"))\Z")),
+)
 _QUOTE_ENDS = ('"', "'", '}"', "}'")
 _WORD_END = re.compile(r"[A-Za-z]+\Z")
 _WORD_CHAR = re.compile(r"\w")
@@ -105,16 +113,22 @@ def _prefix_ok(text: str) -> bool:
     unfinished token at the end may need its last characters (a keyword's, an operator's,
     a number's digits, a string's closing quote).
     """
+    cont = "\n" if text.endswith("\\") else "\\\n"
+    # The continued text first: it accepts most valid prefixes, mid-line ones included, in
+    # one parse; the plain text's parse is needed only when it fails. The verdict is the
+    # same in any order: any successful try proves some continuation exists.
+    if _valid_or_incomplete(text + cont):
+        return True
     msg = _compiles(text, _FLAGS)
     if msg is None or msg == "incomplete input":
         return True
-    cont = "\n" if text.endswith("\\") else "\\\n"
-    heads = [text]
+    heads = []
     word = _WORD_END.search(text, max(0, len(text) - 9))  # keywords are 2-8 letters
     if word and not (word.start() and _WORD_CHAR.match(text, word.start() - 1)):
         w = word.group()  # an unfinished keyword: "el" of "else"
         heads += [text + kw[len(w):] for kw in _KEYWORDS if kw.startswith(w) and kw != w]
-    heads += [text + end for end in _TOKEN_ENDS]
+    heads += [text + end for end, after in _TOKEN_ENDS
+              if after.search(text, max(0, len(text) - 64))]
     unterminated = "unterminated" in msg or "f-string" in msg
     if unterminated:
         heads += [text + end for end in _QUOTE_ENDS]
