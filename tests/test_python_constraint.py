@@ -77,6 +77,10 @@ def test_invalid_prefixes_are_rejected(text: str) -> None:
     "x = 1 +", "x = 1 if y el", "x = a no", "x = 1e", "x = 0x", 'x = "ab', "x = f'{a[1",
     "x = a.", "for i", "for i in range(3)", "from typing im", "def g(x) -", "x = a !",
     "if x:\n    pass\nelse", 'x = """doc', "try:\n    pass\nexce",
+    # a repair where the end is a number, a keyword so far or an operator that grows
+    "x = .5e", "x = .5e+", "x = [1, .5e-", "f(.5e", "x = 1.e", "x = 1_", "x = 0b",
+    "x = 1" + "1" * 70 + "e", "x = 1 if y else.5e", "x = not.", "return.", "x = in",
+    "x = a.is", "x = *a>", "x = 1, *a>", "if x =", "x = (a :", "def f() -",
 ])
 def test_unfinished_tokens_at_the_end_are_accepted(text: str) -> None:
     assert python(names=False).prefix_ok(text)

@@ -59,13 +59,14 @@ _KEYWORDS = ("False", "None", "True", "and", "as", "assert", "async", "await", "
              "raise", "return", "try", "while", "with", "yield")
 # Endings of a token the text may have cut short, each tried before a line continuation
 # where the text's end can take it: "=" of "==" / "!=" / ":=" (and of any augmented
-# operator), ">" of "->", "0" of a number ("1e", "0x", "1e-", ".") or of a name that is
-# a keyword so far ("in" of "int"), a closing quote.
+# operator), ">" of "->" / ">>", "0" of a number ("1e", "0x", ".5e-", "."; the match may
+# start inside a longer number or name, which costs a parse, never a verdict) or of a name
+# that is a keyword so far ("in" of "int"), a closing quote.
 _TOKEN_ENDS = (
     ("=", re.compile(r"[-!:=<>*/+%&|^@]\Z")),
-    (">", re.compile(r"-\Z")),
-    ("0", re.compile(r"(?:(?<![\w.])(?:\d[\w.]*(?:[eE][+-])?|\.)|(?<!\w)(?:"
-                     + "|".join(keyword.kwlist + keyword.softkwlist) + r"))\Z")),
+    (">", re.compile(r"[->]\Z")),
+    ("0", re.compile(r"(?:\d[\w.]*(?:[eE][+-])?|\.|(?<!\w)(?:"
+                     + "|".join([*keyword.kwlist, *keyword.softkwlist]) + r"))\Z")),
 )
 _QUOTE_ENDS = ('"', "'", '}"', "}'")
 _WORD_END = re.compile(r"[A-Za-z]+\Z")
@@ -127,8 +128,7 @@ def _prefix_ok(text: str) -> bool:
     if word and not (word.start() and _WORD_CHAR.match(text, word.start() - 1)):
         w = word.group()  # an unfinished keyword: "el" of "else"
         heads += [text + kw[len(w):] for kw in _KEYWORDS if kw.startswith(w) and kw != w]
-    heads += [text + end for end, after in _TOKEN_ENDS
-              if after.search(text, max(0, len(text) - 64))]
+    heads += [text + end for end, after in _TOKEN_ENDS if after.search(text[-64:])]
     unterminated = "unterminated" in msg or "f-string" in msg
     if unterminated:
         heads += [text + end for end in _QUOTE_ENDS]
