@@ -138,6 +138,27 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     assert q.q(tree.root) == pytest.approx(p_root[xyz] * head.expansion.p.sum(), rel=1e-12)
 
 
+def test_prefilled_chain_nodes_belong_to_the_canonical_tokens_only() -> None:
+    """Prefilled, the root keeps every valid token; the forced tokens' nodes come with their
+    expansions from the one call, and a walk that leaves the chain by another token starts
+    afresh: its node is not in the chain and computes its own forced bytes."""
+    lm = CountingLM()
+    tree = PrefixTree(lm, [], LONG.bind(lm.vocab), max_new_tokens=8,
+                      fast_forward=FastForward(force=False))
+    xyz, x = VOCAB.index(b"xyz"), VOCAB.index(b"x")
+    tree.expand(tree.root)
+    assert tree.root.pending == (xyz, xyz)
+    assert set(tree.root.expansion.ids.tolist()) == {x, VOCAB.index(b"xy"), xyz}
+    assert tree.lm_calls == 1 and tree.num_nodes == 3  # the root and the chain's two nodes
+    head = tree.child(tree.root, xyz)
+    assert head.in_chain and head.pending == (xyz,) and head.expansion is not None
+    other = tree.child(tree.root, x)
+    assert not other.in_chain and other.pending is None and other.expansion is None
+    tree.expand(other)
+    y, z = VOCAB.index(b"y"), VOCAB.index(b"z")
+    assert other.pending == (y, z, xyz) and tree.lm_calls == 2  # "yzxyzw" less the held "w"
+
+
 def test_chain_longer_than_the_budget() -> None:
     lm = at.TableLM([b"a", b"b", b"<eos>"], hashed_weights(3, b"len"), eos=2)
     long = choice(["aaaaab", "aaaaaa"])

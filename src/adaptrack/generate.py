@@ -81,8 +81,8 @@ class GenerationResult:
     """Samples plus stats: ``lm_calls`` (model calls: distinct prefixes evaluated, a
     fast-forwarded chain counting once), ``tree_nodes``, ``evictions``, ``backtracks``,
     ``restarts``, ``incomplete``, ``ff_sequences`` (chains fed in one call each) and
-    ``forced_tokens`` (the tokens fed in them; ``cd``, ``unconstrained`` and ``asap`` feed a
-    chain from its head, ``adaptrack`` and ``exact`` only once a walk steps into it, so the
+    ``forced_tokens`` (the tokens fed in them; ``cd`` and ``asap`` feed a chain from its
+    head, ``adaptrack`` and ``exact`` only once a walk steps into it, so the
     head is then a call of its own and the chain starts after the first forced token),
     ``seconds``, ``prompt_tokens`` (after any truncation) and the constraint's own
     counters (a predicate adds ``checks``, ``check_timeouts`` and ``check_seconds``)."""
