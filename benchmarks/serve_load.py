@@ -22,7 +22,7 @@ for cd at 16 concurrent requests (transformers backend, a CPU).
 
 Run:  python benchmarks/serve_load.py [--requests 32] [--concurrency 1,4,16]
                                       [--methods cd,adaptrack] [--threads N] [--time-limit 600]
-                                      [--no-fast-forward]
+                                      [--no-fast-forward] [--dtype bfloat16]
       python benchmarks/serve_load.py --requests 4 --concurrency 1,4 --max-tokens 40  (smoke)
       python benchmarks/serve_load.py --in-process   (the engine without HTTP: its bound)
 """
@@ -82,6 +82,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
         cmd += ["--model", args.model]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.dtype != "auto":
+        cmd += ["--dtype", args.dtype]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     line = ""
     while "serving" not in line:
@@ -174,7 +176,7 @@ def in_process(args: argparse.Namespace) -> None:
     the server's batching can give on this machine)."""
     import adaptrack as at
 
-    lm = at.load_model(args.model, backend=args.backend)
+    lm = at.load_model(args.model, backend=args.backend, dtype=args.dtype)
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -210,6 +212,9 @@ def main() -> None:
     parser.add_argument("--backend", default="transformers",
                         choices=("auto", "transformers", "llamacpp"))
     parser.add_argument("--threads", type=int, help="the model's CPU threads")
+    parser.add_argument("--dtype", default="auto",
+                        choices=("auto", "float32", "float16", "bfloat16"),
+                        help="the server's weight precision (default: auto)")
     parser.add_argument("--requests", type=int, default=32, help="requests per configuration")
     parser.add_argument("--concurrency", default="1,4,16",
                         type=lambda t: [int(x) for x in t.split(",")])
@@ -233,7 +238,8 @@ def main() -> None:
     print(f"# adaptrack serve load test, {datetime.date.today()}", flush=True)
     print(f"CPU: {cpu_name()}; load average at start: {load()}; {args.requests} requests per "
           f"configuration, max_tokens {args.max_tokens}, backend {args.backend}, threads "
-          f"{args.threads or 'default'}, fast-forward {'off' if args.no_fast_forward else 'on'}"
+          f"{args.threads or 'default'}, dtype {args.dtype}, fast-forward "
+          f"{'off' if args.no_fast_forward else 'on'}"
           "\n", flush=True)
     proc, url = start_server(args)
     try:

@@ -301,3 +301,26 @@ def test_the_default_bounds_keep_a_state_per_walk_in_flight(tiny):
                       max_new_tokens=6, batch_size=128)
     new = sum(len(s.tokens) for s in res.samples)
     assert lm.fed_tokens <= 3 + new  # the prompt once, then one token per prefix
+
+
+def test_dtype_chooses_the_weights_precision(tiny, tmp_path):
+    model, tok = tiny
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = at.load_model(tmp_path, device="cpu", dtype="bfloat16")
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    prefix = [5, 7, 9]
+    with torch.inference_mode():
+        logits = lm.model(torch.tensor([prefix])).logits[0, -1]
+    want = torch.log_softmax(logits.float(), -1).numpy()[: lm.vocab.size]
+    np.testing.assert_allclose(lm.next_logprobs([tuple(prefix)])[0], want, atol=1e-5)
+    assert at.generate(lm, prefix, method="unconstrained", max_new_tokens=4, seed=0).samples
+    assert next(at.load_model(tmp_path, device="cpu").model.parameters()).dtype == torch.float32
+
+
+def test_bad_dtypes_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown dtype 'int8'; choose one of auto, float32"):
+        at.load_model(tmp_path, dtype="int8")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="dtype='bfloat16' is for the transformers backend"):
+        at.load_model(tmp_path / "m.gguf", backend="llamacpp", dtype="bfloat16")

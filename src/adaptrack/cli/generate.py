@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from ..errors import AdaptrackError, PromptTooLongError, SearchTimeoutError
 from ..generate import MAX_SECONDS, METHODS, GenerationResult, Sample, generate
-from ..lm.load import BACKENDS, DEVICES, load_model
+from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
 from .common import (
     UsageError,
     add_constraint_arguments,
@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "installed)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="device (default: auto: CUDA when available)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="weight precision, transformers only (default: auto: float16 on "
+                             "CUDA, float32 on a CPU; bfloat16 is faster on CPUs with AVX-512 "
+                             "BF16)")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="the prompt text")
     prompt.add_argument("--prompt-file", metavar="PATH",
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         budget["truncate_prompt"] = True
     if "max_seconds" in vars(args):
         budget["max_seconds"] = args.max_seconds
-    lm = load_model(args.model, backend=args.backend, device=args.device)
+    lm = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
     model = str(getattr(lm, "name", None) or args.model or "default")
     on_sample, close = _progress(args.n)
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..generate import MAX_SECONDS
 from ..lm.default import GGUF_NAME
-from ..lm.load import BACKENDS, DEVICES, load_model
+from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
 from ..serve.engine_loop import TREE_CACHE_BYTES
 from .common import UsageError, non_negative_int, positive_int, seconds, utf8_text
 
@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "installed)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="device (default: auto: CUDA when available)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="weight precision, transformers only (default: auto: float16 on "
+                             "CUDA, float32 on a CPU; bfloat16 is faster on CPUs with AVX-512 "
+                             "BF16)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="CPU threads for the model (default: the backend's)")
     parser.add_argument("--host", default="127.0.0.1", type=utf8_text,
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails fast
     try:
         lm = load_model(args.model, backend=args.backend, device=args.device,
-                        threads=args.threads)
+                        threads=args.threads, dtype=args.dtype)
         name = args.served_model_name or args.model or GGUF_NAME.split(".")[0]
         app = create_app(lm, model_name=name, api_key=api_key,
                          max_concurrent=args.max_concurrent, max_queue=args.max_queue,

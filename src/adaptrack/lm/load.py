@@ -15,6 +15,8 @@ from .default import cache_dir, default_gguf
 
 BACKENDS = ("auto", "transformers", "llamacpp")
 DEVICES = ("auto", "cpu", "cuda")
+#: Weight precisions of the transformers backend; ``auto`` is float16 on CUDA, float32 on a CPU.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
 _HF_EXTRA = "pip install torch transformers gguf accelerate (or: pip install 'adaptrack[hf]')"
 
 
@@ -24,6 +26,7 @@ def load_model(
     backend: str = "auto",
     device: str = "auto",
     threads: int | None = None,
+    dtype: str = "auto",
     **options: Any,
 ) -> LanguageModel:
     """Load a language model for :func:`adaptrack.generate`.
@@ -34,7 +37,12 @@ def load_model(
     else transformers' GGUF loader, whose de-quantized weights are cached so later loads
     take about a second). ``backend`` forces ``transformers`` or ``llamacpp``; ``device`` is
     ``cpu``, ``cuda`` or ``auto`` (CUDA when available; half precision there). ``threads``:
-    CPU threads for the model (llama.cpp's ``n_threads``, torch's intra-op threads). Other
+    CPU threads for the model (llama.cpp's ``n_threads``, torch's intra-op threads).
+    ``dtype`` (transformers only): the weights' precision, ``auto`` (float16 on CUDA, float32
+    on a CPU), ``float32``, ``float16`` or ``bfloat16``; bfloat16 halves the weights a CPU
+    with AVX-512 BF16 streams per pass (about 1.6-2x faster passes on the benchmark machine,
+    docs/benchmarks.md) at the cost of about 3 significant digits in the logits; the
+    distribution sampled is then the bfloat16 model's. Other
     keyword options go to the backend (``max_batch``, ``max_states``, ``kv_cache_bytes`` for
     transformers; ``n_ctx``, ``n_threads``, ``max_slots`` for llama.cpp). The model's
     ``context_length`` bounds prompt plus new tokens. Failures raise
@@ -51,6 +59,8 @@ def load_model(
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     path = default_gguf() if spec is None else Path(spec).expanduser()
     is_gguf = str(path).endswith(".gguf")
     if is_gguf and not path.is_file():
@@ -64,6 +74,9 @@ def load_model(
         has_llamacpp = importlib.util.find_spec("llama_cpp") is not None
         backend = "llamacpp" if is_gguf and has_llamacpp and device != "cuda" else "transformers"
     if backend == "llamacpp":
+        if dtype != "auto":
+            raise ValueError(f"dtype={dtype!r} is for the transformers backend; a .gguf file "
+                             "for llama.cpp carries its own precision (use dtype='auto')")
         from .llamacpp import LlamaCppLM
 
         if threads is not None:
@@ -73,7 +86,7 @@ def load_model(
         return lm
     if threads is not None:
         _torch_threads(threads)
-    return _load_transformers(path if is_gguf else str(spec), is_gguf, device, options)
+    return _load_transformers(path if is_gguf else str(spec), is_gguf, device, dtype, options)
 
 
 def _torch_threads(threads: int) -> None:
@@ -85,7 +98,7 @@ def _torch_threads(threads: int) -> None:
 
 
 def _load_transformers(
-    spec: Path | str, is_gguf: bool, device: str, options: dict[str, Any]
+    spec: Path | str, is_gguf: bool, device: str, dtype_name: str, options: dict[str, Any]
 ) -> LanguageModel:
     if not is_gguf and Path(spec).is_dir():
         _check_model_dir(Path(spec))
@@ -100,7 +113,9 @@ def _load_transformers(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-    dtype = torch.float16 if device == "cuda" else torch.float32
+    if dtype_name == "auto":
+        dtype_name = "float16" if device == "cuda" else "float32"
+    dtype = getattr(torch, dtype_name)
     source = str(_converted_gguf(Path(spec))) if is_gguf else str(spec)
     try:
         try:  # a local directory, or an id already in the Hugging Face cache: no network
