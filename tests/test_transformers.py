@@ -241,6 +241,29 @@ def test_a_prefill_and_decode_steps_go_in_separate_passes(tiny):
     assert np.abs(chains[2][1] - fresh(model, [*old[:3], 4])).max() < 1e-4
 
 
+def test_pass_kv_bytes_bounds_the_states_a_pass_assembles(tiny):
+    """Rows that reuse a long shared prompt go to as many passes as the byte bound asks,
+    widest first, and each row still equals a fresh forward."""
+    model, tok = tiny
+    prompt = tuple(range(10, 90))
+    rows = [(*prompt, t) for t in range(1, 7)]
+    lm = TransformersLM(model, tok)
+    lm.next_logprobs([prompt])
+    per_token = lm.kv_cache_bytes_used / len(prompt)
+    before = lm.forward_calls
+    lm.next_logprobs(rows)
+    assert lm.forward_calls - before == 1  # 6 rows of 80 tokens: far below 1 GiB
+    tight = TransformersLM(model, tok, pass_kv_bytes=int(2.5 * len(prompt) * per_token))
+    tight.next_logprobs([prompt])
+    before = tight.forward_calls
+    got = tight.next_logprobs(rows)
+    assert tight.forward_calls - before == 3  # two rows' states per pass
+    for prefix, row in zip(rows, got, strict=True):
+        assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+    with pytest.raises(ValueError, match="pass_kv_bytes must be an int >= 0, got -1"):
+        TransformersLM(model, tok, pass_kv_bytes=-1)
+
+
 def test_pad_groups_bound_the_padding():
     from adaptrack.lm.hf import pad_groups
     rng = random.Random(0)

@@ -36,6 +36,10 @@ KV = list[tuple[Any, Any]]  # per layer (keys, values), each (1, heads, length, 
 #: a bound below the walks in flight drops states that the next step re-feeds in full
 #: (measured: 8 HumanEval prompts x 20 samples went from past 300 s to 118 s).
 KV_CACHE_BYTES = 4 << 30
+#: The KV states one forward pass assembles (kept rows, left-padded to the pass's widest):
+#: a pass holds them, their extension by the new tokens and the rows it keeps, so about
+#: three times this at its peak.
+PASS_KV_BYTES = 1 << 30
 MAX_STATES = 1024
 # Config fields that name the longest sequence a model was built for, in the order tried.
 _CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length",
@@ -119,6 +123,9 @@ class TransformersLM(LanguageModel):
     states, by count and by bytes (``kv_cache_bytes_used``; 0 turns reuse off). A state costs its
     prefix length times 2 x layers x KV heads x head size x bytes per number: 46 KB per
     token for SmolLM2-135M in float32, 128 KB for an 8B Llama 3 in float16.
+    ``pass_kv_bytes`` (default 1 GiB) bounds the kept states one forward pass assembles:
+    rows beyond it go to further passes, which bounds a pass's memory (about three times
+    this at its peak) when many rows reuse a long prompt.
     ``context_length`` comes from the config (``max_position_embeddings`` or the like).
     ``vocab`` overrides the token bytes read from the tokenizer.
     Use :func:`adaptrack.load_model` rather than building one by hand.
@@ -126,9 +133,11 @@ class TransformersLM(LanguageModel):
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
                  max_states: int = MAX_STATES, kv_cache_bytes: int = KV_CACHE_BYTES,
-                 name: str | None = None, vocab: Vocabulary | None = None) -> None:
+                 pass_kv_bytes: int = PASS_KV_BYTES, name: str | None = None,
+                 vocab: Vocabulary | None = None) -> None:
         for arg, value, least in (("max_batch", max_batch, 1), ("max_states", max_states, 1),
-                                  ("kv_cache_bytes", kv_cache_bytes, 0)):
+                                  ("kv_cache_bytes", kv_cache_bytes, 0),
+                                  ("pass_kv_bytes", pass_kv_bytes, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{arg} must be an int >= {least}, got {value!r}")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -143,6 +152,7 @@ class TransformersLM(LanguageModel):
         self.vocab = vocab
         self.device = next(model.parameters()).device
         self.max_batch, self.max_states = max_batch, max_states
+        self.pass_kv_bytes = pass_kv_bytes
         self.context_length = context_length(model.config)
         types = getattr(model.config, "layer_types", None) or ()
         self.reuse = not any("sliding" in str(t) for t in types) and not getattr(
@@ -223,6 +233,7 @@ class TransformersLM(LanguageModel):
         outs = outputs or [1] * len(prefixes)
         found = [self._source(p, k) for p, k in zip(prefixes, outs, strict=True)]
         groups = pad_groups([len(p) - n for p, (n, _, _) in zip(prefixes, found, strict=True)])
+        groups = [part for group in groups for part in self._split_by_kv(group, found)]
         if len(groups) > 1:
             parts: list[np.ndarray] = [np.empty(0)] * len(prefixes)
             for group in groups:
@@ -233,6 +244,25 @@ class TransformersLM(LanguageModel):
                     parts[i] = part
             return np.concatenate(parts)
         return self._forward_pass(prefixes, outs, found)
+
+    def _split_by_kv(self, group: list[int], found: list[tuple[int, KV | None, Prefix]]
+                     ) -> list[list[int]]:
+        """``group`` in passes whose assembled KV states stay within ``pass_kv_bytes``: rows
+        that each reuse a long shared prompt would otherwise copy it once per row into one
+        batch (20 rows of a 3 000-token prompt: 2.8 GB for the default model in float32).
+        Longest kept states first, so rows of similar widths share a pass."""
+        per_token = next((_kv_bytes(kv) / kv[0][0].shape[2] for _, kv, _ in found
+                          if kv is not None and kv[0][0].shape[2]), 0.0)
+        if not per_token or len(group) == 1:
+            return [group]
+        parts: list[list[int]] = []
+        for i in sorted(group, key=lambda i: -found[i][0]):  # a part's first row is its widest
+            if parts and (len(parts[-1]) + 1) * found[parts[-1][0]][0] * per_token \
+                    <= self.pass_kv_bytes:
+                parts[-1].append(i)
+            else:
+                parts.append([i])
+        return parts
 
     def _forward_pass(self, prefixes: list[Prefix], outs: list[int],
                       found: list[tuple[int, KV | None, Prefix]] | None = None) -> np.ndarray:
