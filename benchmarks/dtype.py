@@ -8,7 +8,9 @@ fixed text are evaluated once (their KV states are kept), then each is extended 
 and evaluated again; the second call is the decode pass, its median over ``--repeat`` runs.
 The distance is KL(float32 ‖ bfloat16) of the next-token distributions at every position of
 three texts (JSON, TensorFlow code, a Python function), with the share of positions where
-both precisions rank the same token first.
+both precisions rank the same token first. Last, per precision, how far a prefix's log-probs
+fed token by token through the kept KV states are from one fresh forward over the whole
+prefix (the largest absolute difference over the same positions).
 
 Run:  python benchmarks/dtype.py [--repeat 7] [--threads N]
 """
@@ -22,6 +24,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
@@ -74,10 +77,26 @@ def main() -> None:
         for x, y in zip(full, half, strict=True):
             kls.append(float(np.sum(np.exp(x) * (x - y))))
             same.append(bool(x.argmax() == y.argmax()))
+    path = {}
+    for d, lm in models.items():
+        worst = 0.0
+        for text in TEXTS:
+            ids = lm.tokenizer(text)["input_ids"]  # type: ignore[attr-defined]
+            lm.clear_cache()
+            for k in range(1, len(ids)):
+                cached = lm.next_logprobs([tuple(ids[:k])])[0]  # extends the previous state
+                with torch.inference_mode():
+                    logits = lm.model(torch.tensor([ids[:k]])).logits[0, -1]  # type: ignore
+                alone = torch.log_softmax(logits.float(), -1).numpy()[: lm.vocab.size]
+                worst = max(worst, float(np.abs(cached - alone).max()))
+        path[d] = worst
     k = np.asarray(kls)
     print(f"\nKL(float32 ‖ bfloat16) over {len(k)} positions: median {np.median(k):.1e}, "
           f"p90 {np.quantile(k, 0.9):.1e}, max {k.max():.1e} nats; same first token at "
-          f"{100 * np.mean(same):.1f} % of positions. Load average at end: {load()}")
+          f"{100 * np.mean(same):.1f} % of positions.")
+    print("Token by token through kept states against one fresh forward, largest |difference| "
+          "in log-prob: " + ", ".join(f"{d} {v:.1e}" for d, v in path.items())
+          + f" nats. Load average at end: {load()}")
 
 
 if __name__ == "__main__":

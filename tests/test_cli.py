@@ -63,6 +63,22 @@ def assert_usage_error(code: int, out: str, err: str, fragment: str) -> None:
 # -- generate -----------------------------------------------------------------------------
 
 
+def test_generate_passes_dtype_to_the_loader(capsys, monkeypatch, choices):
+    seen = []
+
+    def fake_load(spec=None, **options):
+        seen.append(options)
+        return tiny_lm()
+
+    monkeypatch.setattr(cli_generate, "load_model", fake_load)
+    code, _, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                       "--dtype", "bfloat16", "--seed", "0")
+    assert code == 0, err
+    assert seen[0]["dtype"] == "bfloat16"
+    code, _, err = run(capsys, "generate", "--prompt", "a", "--dtype", "int8")
+    assert code == 2 and "invalid choice: 'int8'" in err
+
+
 def test_generate_json_with_constraint(capsys, loads, choices):
     code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
                          "-n", "7", "--seed", "1", "--json", "--model", "tiny",

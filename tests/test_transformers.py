@@ -341,9 +341,48 @@ def test_dtype_chooses_the_weights_precision(tiny, tmp_path):
     assert next(at.load_model(tmp_path, device="cpu").model.parameters()).dtype == torch.float32
 
 
+def test_bfloat16_rows_stay_near_a_fresh_forward_on_every_path():
+    """Cached, batched and chain rows in bfloat16: near a fresh bfloat16 forward (its
+    rounding depends on the path, so not within float32's 1e-4), never another row's."""
+    torch.manual_seed(1)
+    tok = byte_tokenizer()
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=len(tok) - 1, initializer_range=0.2)  # peaked logits, not near-uniform
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    lm = TransformersLM(model, tok)
+    old = tuple(range(10, 40))
+    lm.next_logprobs([old])
+    batch = [(*old, 1), (*old, 2), (*old, 3, 4), tuple(range(50, 70))]
+    got = list(lm.next_logprobs(batch)) + list(lm.logprobs_along_many([(old, (5, 6))])[0])
+    want = [*batch, old, (*old, 5), (*old, 5, 6)]
+    for prefix, row in zip(want, got, strict=True):
+        err = np.abs(row - fresh(model, list(prefix))).max()
+        assert err < 0.1, (prefix, err)
+    spread = np.abs(fresh(model, list(batch[0])) - fresh(model, list(batch[1]))).max()
+    assert spread > 0.5  # the rows differ by far more than the tolerance
+
+
 def test_bad_dtypes_are_value_errors(tmp_path):
     with pytest.raises(ValueError, match=r"unknown dtype 'int8'; choose one of auto, float32"):
         at.load_model(tmp_path, dtype="int8")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match="dtype='bfloat16' is for the transformers backend"):
+    with pytest.raises(ValueError, match="dtype 'bfloat16' is for the transformers backend"):
         at.load_model(tmp_path / "m.gguf", backend="llamacpp", dtype="bfloat16")
+
+
+def test_a_dtype_sends_a_gguf_to_transformers_under_auto(tmp_path, monkeypatch):
+    import importlib.util
+
+    from adaptrack.lm import load
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # as if llama-cpp-python were installed
+                        lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
+    calls = []
+    monkeypatch.setattr(load, "_load_transformers", lambda *args: calls.append(args))
+    monkeypatch.setattr(load, "LlamaCppLM", None, raising=False)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    at.load_model(tmp_path / "m.gguf", dtype="bfloat16")
+    assert calls and calls[0][3] == "bfloat16"

@@ -38,11 +38,14 @@ def load_model(
     take about a second). ``backend`` forces ``transformers`` or ``llamacpp``; ``device`` is
     ``cpu``, ``cuda`` or ``auto`` (CUDA when available; half precision there). ``threads``:
     CPU threads for the model (llama.cpp's ``n_threads``, torch's intra-op threads).
-    ``dtype`` (transformers only): the weights' precision, ``auto`` (float16 on CUDA, float32
-    on a CPU), ``float32``, ``float16`` or ``bfloat16``; bfloat16 halves the weights a CPU
-    with AVX-512 BF16 streams per pass (about 1.6-2x faster passes on the benchmark machine,
-    docs/benchmarks.md) at the cost of about 3 significant digits in the logits; the
-    distribution sampled is then the bfloat16 model's. Other
+    ``dtype`` (transformers; a value other than ``auto`` sends a ``.gguf`` to transformers
+    under ``backend="auto"``): the weights' precision, ``auto`` (float16 on CUDA, float32 on
+    a CPU), ``float32``, ``float16`` or ``bfloat16``. bfloat16 halves the weights a pass
+    streams (about 1.9x faster passes on a CPU with AVX-512 BF16, docs/benchmarks.md; it may
+    be slower on one without), keeping about 3 significant digits: its log-probs differ from
+    float32's (median KL 1e-3 per token) and, unlike float32's, also with the path that
+    built a prefix's cached state (token by token, batched, a fed chain: up to 0.9 nats on
+    the default model). float16 on a CPU is 2-4x slower than float32. Other
     keyword options go to the backend (``max_batch``, ``max_states``, ``kv_cache_bytes`` for
     transformers; ``n_ctx``, ``n_threads``, ``max_slots`` for llama.cpp). The model's
     ``context_length`` bounds prompt plus new tokens. Failures raise
@@ -72,11 +75,13 @@ def load_model(
         raise ModelLoadError(f"the llama.cpp backend loads .gguf files; {spec!r} is not one")
     if backend == "auto":
         has_llamacpp = importlib.util.find_spec("llama_cpp") is not None
-        backend = "llamacpp" if is_gguf and has_llamacpp and device != "cuda" else "transformers"
+        backend = ("llamacpp" if is_gguf and has_llamacpp and device != "cuda"
+                   and dtype == "auto" else "transformers")
     if backend == "llamacpp":
         if dtype != "auto":
-            raise ValueError(f"dtype={dtype!r} is for the transformers backend; a .gguf file "
-                             "for llama.cpp carries its own precision (use dtype='auto')")
+            raise ValueError(f"dtype {dtype!r} is for the transformers backend (backend "
+                             "'transformers' de-quantizes a .gguf); llama.cpp runs the "
+                             "file's own precision: leave dtype at 'auto'")
         from .llamacpp import LlamaCppLM
 
         if threads is not None:
