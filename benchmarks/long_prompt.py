@@ -1,9 +1,11 @@
 """Many samples of one long prompt on the transformers backend: wall time, CPU time and peak
-memory with and without the per-pass bound on assembled KV states (``pass_kv_bytes``).
+memory with and without the per-pass bound on assembled KV states (``pass_kv_bytes``) and
+with and without kept states sharing the prompt's positions (``share_tokens``).
 
 Each of n walks reuses the prompt's kept KV state; a forward pass copies every row's state
 into one left-padded batch, extends it by the new tokens and keeps each row's state again.
-Unbounded, 20 rows of a 3 000-token prompt assemble 2.8 GB per pass. Each configuration runs
+Unbounded, 20 rows of a 3 000-token prompt assemble 2.8 GB per pass; kept as copies, the 20
+states hold the prompt 20 times. Each configuration runs
 in a fresh process (peak RSS is per process): the default model, ``unconstrained``, n = 20,
 24 new tokens, a prompt cut from the standard library's ``argparse.py`` to ``--tokens``.
 
@@ -23,15 +25,20 @@ import time
 from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 UNBOUNDED = 1 << 40
-CONFIGS = {"unbounded": UNBOUNDED, "1 GiB (default)": 1 << 30}
+NEVER = 1 << 30  # share_tokens past any prompt: every state a copy
+CONFIGS = {  # name: (pass_kv_bytes, share_tokens)
+    "unbounded, copies": (UNBOUNDED, NEVER),
+    "1 GiB, copies": (1 << 30, NEVER),
+    "1 GiB, shared (default)": (1 << 30, 64),
+}
 
 
-def child(budget: int, tokens: int, n: int) -> None:
+def child(budget: int, share: int, tokens: int, n: int) -> None:
     import argparse as source
 
     import adaptrack as at
 
-    lm = at.load_model(pass_kv_bytes=budget)
+    lm = at.load_model(pass_kv_bytes=budget, share_tokens=share)
     ids = lm.encode(open(source.__file__).read())[:tokens]  # type: ignore[attr-defined]
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
@@ -47,22 +54,22 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=3000)
     parser.add_argument("-n", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        return child(args.child, args.tokens, args.n)
+        return child(*args.child, args.tokens, args.n)
     print(f"# {args.n} samples of a {args.tokens}-token prompt, {datetime.date.today()}; "
           f"CPU: {cpu_name()}; load average at start: {load()}\n")
     runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     for _ in range(args.repeat):  # alternating, so that load drifts hit both
-        for name, budget in CONFIGS.items():
-            out = subprocess.run([sys.executable, __file__, "--child", str(budget),
+        for name, (budget, share) in CONFIGS.items():
+            out = subprocess.run([sys.executable, __file__, "--child", str(budget), str(share),
                                   "--tokens", str(args.tokens), "-n", str(args.n)],
                                  capture_output=True, text=True, check=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    print("| pass_kv_bytes | wall s | user s | sys s | peak RSS GB | passes | same texts |")
+    print("| pass_kv_bytes, states | wall s | user s | sys s | peak RSS GB | passes | same texts |")
     print("|---|--:|--:|--:|--:|--:|--:|")
-    base = runs["unbounded"][0]["texts"]
+    base = runs["unbounded, copies"][0]["texts"]
     for name, rs in runs.items():
         def mean(key: str, rs: list[dict] = rs) -> float:
             return sum(r[key] for r in rs) / len(rs)

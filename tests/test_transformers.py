@@ -65,16 +65,21 @@ def test_vocabulary_from_the_tokenizer_and_the_model(tiny):
 STATE = 2 * 2 * 2 * 16 * 4  # bytes per token of a state: K and V, 2 layers, 2 heads of 16, fp32
 
 
-@pytest.mark.parametrize(("max_states", "kv_bytes"),
-                         [(1, 1 << 30), (3, 1 << 30), (64, 1 << 30), (64, 40 * STATE), (64, 0)])
+@pytest.mark.parametrize(("max_states", "kv_bytes", "share"),
+                         [(1, 1 << 30, 64), (3, 1 << 30, 64), (64, 1 << 30, 64),
+                          (64, 40 * STATE, 64), (64, 0, 64),
+                          (3, 1 << 30, 2), (64, 1 << 30, 2), (64, 40 * STATE, 2)])
 def test_cached_logprobs_equal_a_fresh_forward_along_random_tree_walks(tiny, max_states,
-                                                                       kv_bytes):
+                                                                       kv_bytes, share):
+    """Random walks that extend, branch and re-ask prefixes; ``share=2`` makes nearly every
+    kept state share its source's leading positions instead of copying them."""
     model, tok = tiny
-    lm = TransformersLM(model, tok, max_states=max_states, max_batch=4, kv_cache_bytes=kv_bytes)
-    rng = random.Random(max_states + kv_bytes)
+    lm = TransformersLM(model, tok, max_states=max_states, max_batch=4, kv_cache_bytes=kv_bytes,
+                        share_tokens=share)
+    rng = random.Random(max_states + kv_bytes + share)
     width = lm.vocab.size
     seen = [tuple(rng.randrange(width) for _ in range(5))]
-    worst = 0.0
+    worst, shared = 0.0, 0
     for _ in range(60):
         batch = []
         for _ in range(rng.choice([1, 1, 2, 3, 6])):
@@ -87,8 +92,10 @@ def test_cached_logprobs_equal_a_fresh_forward_along_random_tree_walks(tiny, max
         got = lm.next_logprobs(batch)
         for prefix, row in zip(batch, got, strict=True):
             worst = max(worst, float(np.abs(row - fresh(model, list(prefix))).max()))
-        assert lm.kv_cache_bytes_used <= kv_bytes
+        assert pinned_bytes(lm) == lm.kv_cache_bytes_used <= kv_bytes  # bases counted once
+        shared += sum(st.base is not None for _, st in lm._states.items())
     assert worst < 1e-4
+    assert (shared > 0) == (share == 2 and max_states > 1 and kv_bytes > 0)
     if kv_bytes:
         assert lm.fed_tokens < sum(len(p) for p in seen)  # the states were reused
     else:
@@ -98,8 +105,8 @@ def test_cached_logprobs_equal_a_fresh_forward_along_random_tree_walks(tiny, max
 def pinned_bytes(lm):
     """Bytes of every storage the kept states hold on to (a view pins all of its storage)."""
     storages = {}
-    for _, kv in lm._states.items():
-        for pair in kv:
+    for _, state in lm._states.items():
+        for pair in state.own + (state.base.own if state.base is not None else []):
             for t in pair:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values())
@@ -117,6 +124,27 @@ def test_kept_states_own_their_storage_and_are_bounded_in_bytes(tiny):
     lm.next_logprobs([prompt + (3,) * 10 + (5,)])  # reuses the 30-token state
     assert lm.fed_tokens == 21 + 24 + 27 + 30 + 1
     assert pinned_bytes(lm) == lm.kv_cache_bytes_used <= 100 * STATE
+
+
+def test_walks_that_share_a_long_prompt_keep_it_once(tiny):
+    model, tok = tiny
+    prompt = tuple(range(10, 110))
+    walks = [(*prompt, t) for t in range(1, 9)]
+    lm = TransformersLM(model, tok)
+    lm.next_logprobs([prompt])
+    one = lm.kv_cache_bytes_used
+    for step in range(3):
+        walks = [(*w, 7 + step) for w in walks]
+        got = lm.next_logprobs(walks)
+    # The prompt once and each walk's 4 own tokens, against 8 copies of 104 tokens.
+    assert lm.kv_cache_bytes_used == pytest.approx(one * (1 + 8 * 4 / 100))
+    assert pinned_bytes(lm) == lm.kv_cache_bytes_used
+    for prefix, row in zip(walks, got, strict=True):
+        assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+    copies = TransformersLM(model, tok, share_tokens=1000)
+    copies.next_logprobs([prompt])
+    copies.next_logprobs([(*w[:-3], w[-3]) for w in walks])
+    assert copies.kv_cache_bytes_used > 8 * one
 
 
 def test_bad_cache_options_are_value_errors(tiny):
@@ -262,6 +290,8 @@ def test_pass_kv_bytes_bounds_the_states_a_pass_assembles(tiny):
         assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
     with pytest.raises(ValueError, match="pass_kv_bytes must be an int >= 0, got -1"):
         TransformersLM(model, tok, pass_kv_bytes=-1)
+    with pytest.raises(ValueError, match="share_tokens must be an int >= 1, got 0"):
+        TransformersLM(model, tok, share_tokens=0)
 
 
 def test_pad_groups_bound_the_padding():

@@ -4,7 +4,10 @@ Samplers ask for prefixes that mostly extend, or branch off, prefixes asked for 
 backend keeps the key/value tensors of recent prefixes (at most ``max_states`` of them and
 ``kv_cache_bytes`` in all, least recently used dropped first; each kept state owns its own
 storage, so dropping it frees its memory); a new prefix starts from the kept state with the
-longest common prefix, cropped to it, and only the remaining tokens are fed. Several
+longest common prefix, cropped to it, and only the remaining tokens are fed. A new state
+refers to the leading positions it shares with its source's first state (``share_tokens``
+or more: a prompt the walks share) instead of copying them, so the prompt is kept once; a
+state whose base is dropped is dropped with it. Several
 prefixes go in one forward pass: the kept states are left-padded to a common length and the
 new tokens right-padded, with an attention mask and explicit positions, so each row computes
 exactly what a lone forward over its prefix would (within float rounding, tested to 1e-4
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +37,34 @@ except ImportError:  # pragma: no cover - the error is raised by load_model
 
 KV = list[tuple[Any, Any]]  # per layer (keys, values), each (1, heads, length, head_dim)
 
+
+@dataclass(eq=False)
+class _State:
+    """A kept KV state of ``key``: its first ``shared`` positions are those of ``base`` (a
+    kept state of a prefix of ``key`` that has no base of its own), the rest are ``own``.
+    Walks that share a long prompt then keep it once, not once per walk."""
+
+    key: tuple[int, ...]
+    base: _State | None
+    shared: int
+    own: KV
+
+    @property
+    def nbytes(self) -> int:
+        return _kv_bytes(self.own)
+
+    def layer(self, i: int, n: int) -> list[tuple[Any, Any]]:
+        """Layer ``i``'s (keys, values) of the first ``n`` positions, as one or two pieces
+        in order (views, no copy)."""
+        if self.base is None:
+            return [(self.own[i][0][:, :, :n], self.own[i][1][:, :, :n])]
+        head = min(n, self.shared)
+        pieces = [(self.base.own[i][0][:, :, :head], self.base.own[i][1][:, :, :head])]
+        if n > head:
+            rest = n - head
+            pieces.append((self.own[i][0][:, :, :rest], self.own[i][1][:, :, :rest]))
+        return pieces
+
 #: The default bounds of the kept KV states. The engine keeps many walks in flight (a
 #: code benchmark's group: 8 prompts x 21 walks) and each step needs every walk's state:
 #: a bound below the walks in flight drops states that the next step re-feeds in full
@@ -42,6 +74,9 @@ KV_CACHE_BYTES = 4 << 30
 #: a pass holds them, their extension by the new tokens and the rows it keeps, so about
 #: three times this at its peak.
 PASS_KV_BYTES = 1 << 30
+#: A new state keeps a reference to its source's leading positions rather than a copy where
+#: they are at least this many tokens (a shared prompt), and copies everything otherwise.
+SHARE_TOKENS = 64
 MAX_STATES = 1024
 # Config fields that name the longest sequence a model was built for, in the order tried.
 _CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length",
@@ -125,6 +160,8 @@ class TransformersLM(LanguageModel):
     states, by count and by bytes (``kv_cache_bytes_used``; 0 turns reuse off). A state costs its
     prefix length times 2 x layers x KV heads x head size x bytes per number: 46 KB per
     token for SmolLM2-135M in float32, 128 KB for an 8B Llama 3 in float16.
+    ``share_tokens`` (default 64): a new state shares, rather than copies, the positions it
+    has in common with its source's base state where they are at least this many.
     ``pass_kv_bytes`` (default 1 GiB) bounds the kept states one forward pass assembles:
     rows beyond it go to further passes, which bounds a pass's memory (about three times
     this at its peak) when many rows reuse a long prompt.
@@ -135,11 +172,12 @@ class TransformersLM(LanguageModel):
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
                  max_states: int = MAX_STATES, kv_cache_bytes: int = KV_CACHE_BYTES,
-                 pass_kv_bytes: int = PASS_KV_BYTES, name: str | None = None,
-                 vocab: Vocabulary | None = None) -> None:
+                 pass_kv_bytes: int = PASS_KV_BYTES, share_tokens: int = SHARE_TOKENS,
+                 name: str | None = None, vocab: Vocabulary | None = None) -> None:
         for arg, value, least in (("max_batch", max_batch, 1), ("max_states", max_states, 1),
                                   ("kv_cache_bytes", kv_cache_bytes, 0),
-                                  ("pass_kv_bytes", pass_kv_bytes, 0)):
+                                  ("pass_kv_bytes", pass_kv_bytes, 0),
+                                  ("share_tokens", share_tokens, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{arg} must be an int >= {least}, got {value!r}")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -154,12 +192,12 @@ class TransformersLM(LanguageModel):
         self.vocab = vocab
         self.device = next(model.parameters()).device
         self.max_batch, self.max_states = max_batch, max_states
-        self.pass_kv_bytes = pass_kv_bytes
+        self.pass_kv_bytes, self.share_tokens = pass_kv_bytes, share_tokens
         self.context_length = context_length(model.config)
         types = getattr(model.config, "layer_types", None) or ()
         self.reuse = not any("sliding" in str(t) for t in types) and not getattr(
             model.config, "use_sliding_window", False) and kv_cache_bytes > 0
-        self._states: LRU[Prefix, KV] = LRU(kv_cache_bytes, size=_kv_bytes)
+        self._states: LRU[Prefix, _State] = LRU(kv_cache_bytes, size=lambda st: st.nbytes)
         # transformers 5 names the KV cache ``cache`` (argument and output) and drops
         # ``past_key_values``, which older releases take.
         forward = inspect.signature(model.forward).parameters
@@ -208,7 +246,7 @@ class TransformersLM(LanguageModel):
             out += np.split(rows, np.cumsum(outputs)[:-1])
         return out
 
-    def _source(self, prefix: Prefix, outputs: int = 1) -> tuple[int, KV | None, Prefix]:
+    def _source(self, prefix: Prefix, outputs: int = 1) -> tuple[int, _State | None, Prefix]:
         """The kept state sharing the longest prefix with ``prefix``: the shared length
         (at most ``len(prefix) - outputs``: the tokens whose outputs we want must be fed),
         the state, and its tokens."""
@@ -247,14 +285,14 @@ class TransformersLM(LanguageModel):
             return np.concatenate(parts)
         return self._forward_pass(prefixes, outs, found)
 
-    def _split_by_kv(self, group: list[int], found: list[tuple[int, KV | None, Prefix]]
+    def _split_by_kv(self, group: list[int], found: list[tuple[int, _State | None, Prefix]]
                      ) -> list[list[int]]:
         """``group`` in passes whose assembled KV states stay within ``pass_kv_bytes``: rows
         that each reuse a long shared prompt would otherwise copy it once per row into one
         batch (20 rows of a 3 000-token prompt: 2.8 GB for the default model in float32).
         Longest kept states first, so rows of similar widths share a pass."""
-        per_token = next((_kv_bytes(kv) / kv[0][0].shape[2] for _, kv, _ in found
-                          if kv is not None and kv[0][0].shape[2]), 0.0)
+        per_token = next((st.nbytes / st.own[0][0].shape[2] for _, st, _ in found
+                          if st is not None and st.own[0][0].shape[2]), 0.0)
         if not per_token or len(group) == 1:
             return [group]
         parts: list[list[int]] = []
@@ -267,11 +305,12 @@ class TransformersLM(LanguageModel):
         return parts
 
     def _forward_pass(self, prefixes: list[Prefix], outs: list[int],
-                      found: list[tuple[int, KV | None, Prefix]] | None = None) -> np.ndarray:
+                      found: list[tuple[int, _State | None, Prefix]] | None = None
+                      ) -> np.ndarray:
         """:meth:`_forward` in one pass; ``found``: each prefix's :meth:`_source`."""
         if found is None:  # an earlier pass may have kept a better source
             found = [self._source(p, k) for p, k in zip(prefixes, outs, strict=True)]
-        sources = [(n, kv) for n, kv, _ in found]
+        sources = [(n, st) for n, st, _ in found]
         kept = [n for n, _ in sources]
         new = [p[n:] for p, n in zip(prefixes, kept, strict=True)]
         width, steps = max(kept), max(len(t) for t in new)
@@ -306,29 +345,32 @@ class TransformersLM(LanguageModel):
         self.fed_tokens += sum(len(t) for t in new)
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         if self.reuse:
-            self._keep(prefixes, kept, new, width, getattr(out, self._cache_arg),
-                       [tokens for _, _, tokens in found])
+            self._keep(prefixes, kept, new, width, getattr(out, self._cache_arg), found)
         return logprobs
 
-    def _batched_cache(self, sources: list[tuple[int, KV | None]], width: int) -> Any:
+    def _batched_cache(self, sources: list[tuple[int, _State | None]], width: int) -> Any:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        ref = next(kv for _, kv in sources if kv is not None)
+        ref = next(st for _, st in sources if st is not None)
         cache = DynamicCache()
-        for layer in range(len(ref)):
-            k0 = ref[layer][0]
-            if len(sources) == 1:  # one row fills the width: a view, no copy
-                n, kv = sources[0]
-                keys = kv[layer][0][:, :, :n]  # type: ignore[index]
-                values = kv[layer][1][:, :, :n]  # type: ignore[index]
+        for layer in range(len(ref.own)):
+            k0 = ref.own[layer][0]
+            n, state = sources[0]
+            pieces = state.layer(layer, n) if state is not None else []
+            if len(sources) == 1 and len(pieces) == 1:  # one row fills the width: a view
+                keys, values = pieces[0]
             else:  # each row copied once into place, left-padded; the mask hides the padding
                 shape = (len(sources), k0.shape[1], width, k0.shape[3])
                 keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
-                for r, (n, kv) in enumerate(sources):
-                    if kv is not None and n:
-                        keys[r, :, width - n:] = kv[layer][0][0, :, :n]
-                        values[r, :, width - n:] = kv[layer][1][0, :, :n]
+                for r, (n, state) in enumerate(sources):
+                    if state is None or not n:
+                        continue
+                    at = width - n
+                    for k, v in state.layer(layer, n):
+                        keys[r, :, at:at + k.shape[2]] = k[0]
+                        values[r, :, at:at + k.shape[2]] = v[0]
+                        at += k.shape[2]
             # Set the tensors directly: building the cache through ``update`` would copy
             # every kept state once more.
             kept = DynamicLayer()
@@ -338,19 +380,38 @@ class TransformersLM(LanguageModel):
         return cache
 
     def _keep(self, prefixes: list[Prefix], kept: list[int], new: list[Prefix], width: int,
-              cache: Any, sources: list[Prefix]) -> None:
+              cache: Any, found: list[tuple[int, _State | None, Prefix]]) -> None:
         for r, prefix in enumerate(prefixes):
             lo, hi = width - kept[r], width + len(new[r])
-            kv = [(layer.keys[r:r + 1, :, lo:hi], layer.values[r:r + 1, :, lo:hi])
+            source = found[r][1]
+            if source is not None and source.key == prefix:
+                continue  # a re-fed last token: the kept state is this prefix's already
+            base = None if source is None else source.base or source
+            shared = 0 if source is None else min(kept[r], source.shared or kept[r])
+            if base is None or shared < self.share_tokens:
+                base, shared = None, 0
+            kv = [(layer.keys[r:r + 1, :, lo + shared:hi], layer.values[r:r + 1, :, lo + shared:hi])
                   for layer in cache.layers]
-            self._states.put(prefix, _owned(kv), trim=False)
-        # A source that the new prefix extends is subsumed by it: cropping gives it back.
-        # One it branched off stays, as recently used (a shared prompt's state is one).
-        for prefix, source in zip(prefixes, sources, strict=True):
-            if len(source) < len(prefix) and prefix[: len(source)] == source:
-                self._states.pop(source)
-            elif source:
-                self._states.get(source)
+            self._states.put(prefix, _State(prefix, base, shared, _owned(kv)), trim=False)
+        # A source that the new prefix extends is subsumed by it: cropping gives it back,
+        # unless the new state shares its positions. One it branched off stays, as recently
+        # used (a shared prompt's state is one), and so does the base of one it used.
+        for prefix, (_, source, tokens) in zip(prefixes, found, strict=True):
+            if source is None:
+                continue
+            state = self._states.peek(prefix)
+            if (len(tokens) < len(prefix) and prefix[: len(tokens)] == tokens
+                    and (state is None or state.base is not source)):
+                self._states.pop(tokens)
+            else:
+                self._states.get(tokens)
+            if source.base is not None:
+                self._states.get(source.base.key)
         self._states.trim()
         while len(self._states) > self.max_states:
             self._states.pop(next(self._states.keys()))
+        # A state whose base was dropped would keep the base's memory uncounted: drop it too.
+        orphans = [key for key, st in self._states.items()
+                   if st.base is not None and self._states.peek(st.base.key) is not st.base]
+        for key in orphans:
+            self._states.pop(key)
