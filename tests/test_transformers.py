@@ -147,6 +147,36 @@ def test_walks_that_share_a_long_prompt_keep_it_once(tiny):
     assert copies.kv_cache_bytes_used > 8 * one
 
 
+def test_sharing_never_costs_a_refeed_that_copies_would_not(tiny):
+    """Asking again for a prompt that walks share (a second request, a backtrack), or a
+    chain from inside it, keeps the walks' states; and bases do not take max_states slots."""
+    model, tok = tiny
+    prompt, chain = tuple(range(10, 40)), (5, 6, 7)
+    lm = TransformersLM(model, tok, share_tokens=8)
+    lm.logprobs_along(prompt, chain)
+    walks = [(*prompt, *chain, t) for t in range(1, 5)]
+    lm.next_logprobs(walks)
+    lm.logprobs_along(prompt, chain)  # the same request again
+    lm.next_logprobs([*walks[:1], prompt[:-1]])  # and a backtrack into the prompt
+    lm.next_logprobs([prompt])
+    lm.logprobs_along(prompt[:3], prompt[3:20])  # a chain branching inside the base
+    before = lm.fed_tokens
+    lm.next_logprobs([(*w, 9) for w in walks])
+    assert lm.fed_tokens - before == 4  # one token per walk: no state was lost
+    for max_states, n in ((1, 1), (4, 4)):
+        fed = []
+        for share in (64, 1000):
+            lm = TransformersLM(model, tok, max_states=max_states, share_tokens=share)
+            lm.next_logprobs([tuple(range(10, 80))])
+            walks = [(*range(10, 80), i) for i in range(n)]
+            before = lm.fed_tokens
+            for _ in range(10):
+                walks = [(*w, 7) for w in walks]
+                lm.next_logprobs(walks)
+            fed.append(lm.fed_tokens - before)
+        assert fed == [n * 11, n * 11]  # shared or copied: one new token per walk per step
+
+
 def test_bad_cache_options_are_value_errors(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="kv_cache_bytes must be an int >= 0, got -1"):

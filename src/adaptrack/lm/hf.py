@@ -7,7 +7,9 @@ storage, so dropping it frees its memory); a new prefix starts from the kept sta
 longest common prefix, cropped to it, and only the remaining tokens are fed. A new state
 refers to the leading positions it shares with its source's first state (``share_tokens``
 or more: a prompt the walks share) instead of copying them, so the prompt is kept once; a
-state whose base is dropped is dropped with it. Several
+state whose base is dropped is dropped with it. Sharing is one level deep: a prompt whose own
+state shares a longer prompt's positions (a system prompt) is not shared again, and its
+walks copy the part it owns. Several
 prefixes go in one forward pass: the kept states are left-padded to a common length and the
 new tokens right-padded, with an attention mask and explicit positions, so each row computes
 exactly what a lone forward over its prefix would (within float rounding, tested to 1e-4
@@ -157,7 +159,8 @@ class TransformersLM(LanguageModel):
     ``model`` and ``tokenizer`` are already loaded (``load_model`` does that);
     ``max_batch`` bounds the rows of one forward pass; ``max_states`` and
     ``kv_cache_bytes`` (defaults 1024 and 4 GiB, on the model's device) bound the kept KV
-    states, by count and by bytes (``kv_cache_bytes_used``; 0 turns reuse off). A state costs its
+    states, by count (a state other walks' states share is not counted) and by bytes
+    (``kv_cache_bytes_used``, every byte; 0 turns reuse off). A state costs its
     prefix length times 2 x layers x KV heads x head size x bytes per number: 46 KB per
     token for SmolLM2-135M in float32, 128 KB for an 8B Llama 3 in float16.
     ``share_tokens`` (default 64): a new state shares, rather than copies, the positions it
@@ -360,6 +363,9 @@ class TransformersLM(LanguageModel):
             pieces = state.layer(layer, n) if state is not None else []
             if len(sources) == 1 and len(pieces) == 1:  # one row fills the width: a view
                 keys, values = pieces[0]
+            elif len(sources) == 1:  # a shared part and the row's own: one copy, no padding
+                keys = torch.cat([k for k, _ in pieces], dim=2)
+                values = torch.cat([v for _, v in pieces], dim=2)
             else:  # each row copied once into place, left-padded; the mask hides the padding
                 shape = (len(sources), k0.shape[1], width, k0.shape[3])
                 keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
@@ -384,8 +390,9 @@ class TransformersLM(LanguageModel):
         for r, prefix in enumerate(prefixes):
             lo, hi = width - kept[r], width + len(new[r])
             source = found[r][1]
-            if source is not None and source.key == prefix:
-                continue  # a re-fed last token: the kept state is this prefix's already
+            if prefix in self._states:  # kept already, maybe as a base: replacing it would
+                self._states.get(prefix)  # drop the states built on it
+                continue
             base = None if source is None else source.base or source
             shared = 0 if source is None else min(kept[r], source.shared or kept[r])
             if base is None or shared < self.share_tokens:
@@ -394,23 +401,37 @@ class TransformersLM(LanguageModel):
                   for layer in cache.layers]
             self._states.put(prefix, _State(prefix, base, shared, _owned(kv)), trim=False)
         # A source that the new prefix extends is subsumed by it: cropping gives it back,
-        # unless the new state shares its positions. One it branched off stays, as recently
+        # unless some state shares its positions. One it branched off stays, as recently
         # used (a shared prompt's state is one), and so does the base of one it used.
+        bases = {id(st.base) for _, st in self._states.items() if st.base is not None}
         for prefix, (_, source, tokens) in zip(prefixes, found, strict=True):
             if source is None:
                 continue
-            state = self._states.peek(prefix)
             if (len(tokens) < len(prefix) and prefix[: len(tokens)] == tokens
-                    and (state is None or state.base is not source)):
+                    and id(source) not in bases):
                 self._states.pop(tokens)
             else:
                 self._states.get(tokens)
             if source.base is not None:
                 self._states.get(source.base.key)
         self._states.trim()
-        while len(self._states) > self.max_states:
-            self._states.pop(next(self._states.keys()))
-        # A state whose base was dropped would keep the base's memory uncounted: drop it too.
+        self._drop_orphans()
+        # Bases do not count toward max_states (bytes bound them): dropping the oldest walk
+        # states before a base that is touched with every use keeps the bound per walk.
+        while True:
+            bases = {id(st.base) for _, st in self._states.items() if st.base is not None}
+            over = len(self._states) - len(bases) - self.max_states
+            if over <= 0:
+                break
+            for key in self._states.keys():
+                if over <= 0:
+                    break
+                if id(self._states.peek(key)) not in bases:
+                    self._states.pop(key)
+                    over -= 1
+
+    def _drop_orphans(self) -> None:
+        """Drop the states whose base was dropped: they would keep its memory uncounted."""
         orphans = [key for key, st in self._states.items()
                    if st.base is not None and self._states.peek(st.base.key) is not st.base]
         for key in orphans:
