@@ -3,13 +3,17 @@ study and the reports (issue 6)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -196,6 +200,53 @@ def test_a_failing_job_in_a_worker_keeps_finished_records(tmp_path):
 def test_a_worker_that_cannot_set_up_says_why(tmp_path):
     with pytest.raises(runner.WorkerError, match="ModelLoadError: no such model file"):
         runner.run(Squares(3, setup_error=True), tmp_path / "r.jsonl", workers=2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_stop_when_the_parent_is_killed(tmp_path):
+    """A parent killed outright runs no cleanup; its workers must not go on computing."""
+    (tmp_path / "slowtask.py").write_text(textwrap.dedent(f"""
+        import os, time
+        class Slow:
+            def config(self):
+                return {{"task": "slow"}}
+            def jobs(self):
+                return [{{"key": f"j{{i}}"}} for i in range(4)]
+            def setup(self, threads=None):
+                open(os.path.join({str(tmp_path)!r}, f"worker-{{os.getpid()}}"), "w").close()
+            def run(self, job):
+                time.sleep(120)
+                return {{"key": job["key"]}}
+        """))
+    code = ("from adaptrack.eval import runner; import slowtask\n"
+            f"runner.run(slowtask.Slow(), {str(tmp_path / 'r.jsonl')!r}, workers=2)\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [int(f.name.split("-")[1]) for f in tmp_path.glob("worker-*")]
+        assert len(pids) == 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        parent.kill()
+        for f in tmp_path.glob("worker-*"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(f.name.split("-")[1]), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has stopped
+    except OSError:
+        return False
 
 
 def test_seed_for_is_stable_and_distinct():

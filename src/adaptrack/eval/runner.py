@@ -31,7 +31,9 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import stat
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -142,8 +144,26 @@ _WORKER_TASK: Task | None = None
 _WORKER_ERROR: str | None = None
 
 
-def _init_worker(task: Task, threads: int) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel stop this worker when the process that started it dies (Linux).
+
+    A parent stopped by SIGTERM or SIGKILL runs no cleanup, and an orphaned worker would go on
+    computing jobs (holding gigabytes and a core) whose records nobody collects."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no prctl here: the worker outlives its parent
+            return
+    if os.getppid() != parent:  # the parent died before the request took hold
+        os._exit(1)
+
+
+def _init_worker(task: Task, threads: int, parent: int = 0) -> None:
     global _WORKER_TASK, _WORKER_ERROR
+    if parent:
+        _die_with_parent(parent)
     try:
         task.setup(threads)
     except Exception as err:  # reported with the first job, as the library's error
@@ -178,7 +198,8 @@ class Processes:
         # spawn, not fork: a forked copy of a process that holds model threads can hang.
         context = multiprocessing.get_context("spawn")
         executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                       initializer=_init_worker, initargs=(task, threads))
+                                       initializer=_init_worker,
+                                       initargs=(task, threads, os.getpid()))
         pending: set[Future[list[Record]]] = set()
         queue = iter(_groups(task, jobs))
         clean = False
