@@ -177,6 +177,24 @@ def test_sharing_never_costs_a_refeed_that_copies_would_not(tiny):
         assert fed == [n * 11, n * 11]  # shared or copied: one new token per walk per step
 
 
+def test_freed_kv_memory_goes_back_to_the_system_now_and_then(tiny, monkeypatch):
+    from adaptrack.lm import hf
+
+    model, tok = tiny
+    hf._trim_heap()  # glibc's malloc_trim here, a no-op elsewhere: never an error
+    calls = []
+    monkeypatch.setattr(hf, "_trim_heap", lambda: calls.append(1))
+    lm = TransformersLM(model, tok, kv_cache_bytes=10 * STATE)
+    monkeypatch.setattr(hf, "TRIM_SECONDS", 3600.0)
+    lm.next_logprobs([tuple(range(10, 40 + i)) for i in range(4)])  # evicts, frees batches
+    monkeypatch.setattr(hf, "TRIM_BYTES", 1)
+    lm.next_logprobs([tuple(range(10, 50))])
+    assert calls == []  # not within TRIM_SECONDS of the last
+    monkeypatch.setattr(hf, "TRIM_SECONDS", 0.0)
+    lm.next_logprobs([tuple(range(10, 51))])
+    assert calls == [1] and lm._freed == 0
+
+
 def test_bad_cache_options_are_value_errors(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="kv_cache_bytes must be an int >= 0, got -1"):
