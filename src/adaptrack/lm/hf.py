@@ -85,7 +85,7 @@ PASS_KV_BYTES = 1 << 30
 #: the pages the next passes need (trimming every pass made a benchmark 25 % slower), so
 #: at most one per TRIM_SECONDS.
 TRIM_BYTES = 2 << 30
-TRIM_SECONDS = 30.0
+TRIM_SECONDS = 5.0
 #: A new state keeps a reference to its source's leading positions rather than a copy where
 #: they are at least this many tokens (a shared prompt), and copies everything otherwise.
 SHARE_TOKENS = 64
