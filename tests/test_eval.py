@@ -584,6 +584,30 @@ def test_binary_task_rejects_bad_options():
         binary.BinaryTask(methods=("beam",))
 
 
+def test_the_weights_dtype_reaches_the_model_and_the_header(monkeypatch):
+    import adaptrack.lm.load as load
+
+    loaded = []
+    monkeypatch.setattr(load, "load_model", lambda *a, **kw: loaded.append(kw["dtype"]))
+    # auto is left out of the header: files made before the option existed still resume.
+    assert "dtype" not in tfv1.TFv1Task().config()
+    task = tfv1.TFv1Task(dtype="bfloat16")
+    assert task.config()["dtype"] == "bfloat16"
+    task.setup()
+    # The binary study's KL needs float32 on every device, CUDA included.
+    study = binary.BinaryTask(device="cuda")
+    study.setup()
+    assert "dtype" not in study.config()
+    binary.BinaryTask(backend="llamacpp").setup()
+    assert loaded == ["bfloat16", "float32", "auto"]
+    # The command line's --dtype is the task's.
+    tasks = []
+    monkeypatch.setattr(runner, "run", lambda task, *a, **kw: tasks.append(task))
+    for name in ("tfv1", "tfv1real", "humaneval"):
+        assert main(["eval", name, "-o", "x.jsonl", "--dtype", "float16", "--no-report"]) == 0
+    assert [t.config()["dtype"] for t in tasks] == ["float16"] * 3
+
+
 # -- command line --------------------------------------------------------------------------
 
 
@@ -595,6 +619,10 @@ def test_cli_rejects_bad_eval_options(capsys, tmp_path):
     assert main(["eval", "tfv1", "--settings", "v3", "-o", out]) == 2
     assert main(["eval", "binary", "--temperature", "0", "-o", out]) == 2
     assert "temperature must be > 0" in capsys.readouterr().err
+    assert main(["eval", "binary", "--dtype", "float16", "-o", out]) == 2
+    assert "unrecognized arguments: --dtype" in capsys.readouterr().err
+    assert main(["eval", "tfv1", "--dtype", "float64", "-o", out]) == 2
+    assert "invalid choice: 'float64'" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read results file" in capsys.readouterr().err
     Path(out).write_text('{"header": {"task": "nope"}}\n')

@@ -12,7 +12,7 @@ from ..eval import binary as binary_task
 from ..eval import codetask, humaneval, tfv1, tfv1real
 from ..eval import mbpp as mbpp_task
 from ..generate import METHODS
-from ..lm.load import BACKENDS, DEVICES
+from ..lm.load import BACKENDS, DEVICES, DTYPES
 from .common import (
     Parser,
     UsageError,
@@ -154,6 +154,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                  "to an enumerated target needs log-probs that do not change between "
                  "prefix trees, which llama.cpp's float16 KV reuse does not give)")
         task.add_argument("--device", choices=DEVICES, default="auto")
+        if task is not binary:  # binary's KL needs float32 on every device (eval/binary.py)
+            task.add_argument(
+                "--dtype", choices=DTYPES, default="auto",
+                help="weight precision, transformers only (default: auto: float16 on CUDA, "
+                     "float32 on a CPU); a value other than auto is in the results header")
         # 0 passes here and the task refuses it, saying why (both studies sample).
         if task not in (tf, real):  # theirs take lists (above)
             task.add_argument("--temperature", type=non_negative_float, default=1.0,
@@ -179,14 +184,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.eval in ("tfv1", "tfv1real"):
         api = dict(model=args.model, backend=args.backend, device=args.device,
-                   methods=args.methods, n=args.n, limit=args.limit,
+                   dtype=args.dtype, methods=args.methods, n=args.n, limit=args.limit,
                    temperature=args.temperature, max_backtrack=args.max_backtrack,
                    max_new_tokens=args.max_new_tokens, seed=args.seed)
         task: Any = (tfv1.TFv1Task(**api, settings=args.settings) if args.eval == "tfv1"
                      else tfv1real.TFv1RealTask(**api, packages=_packages(args.packages)))
     elif args.eval in ("humaneval", "mbpp"):
         options = dict(model=args.model, backend=args.backend, device=args.device,
-                       methods=args.methods, n=args.n, limit=args.limit,
+                       dtype=args.dtype, methods=args.methods, n=args.n, limit=args.limit,
                        temperature=args.temperature, top_p=args.top_p,
                        max_new_tokens=args.max_new_tokens, max_seconds=args.max_seconds,
                        seed=args.seed, timeout=args.timeout, memory_bytes=args.memory * 2**20,

@@ -44,6 +44,8 @@ class BinaryTask(ModelTask):
     """RQ4's binary problem on a model; AdapTrack runs with ``share_q`` as in the paper.
     The backend defaults to transformers: llama.cpp's log-probs of a sequence can differ
     by up to a nat between prefix trees (float16 KV reuse), too much for a KL this small.
+    For the same reason transformers runs in float32 here on every device, CUDA included:
+    half precision's log-probs change with the path that built a prefix's cache.
 
     Records: ``{"key": "target", "target": [[tokens, probability, text], …]}`` and, per
     method, ``samples`` (token lists in the order drawn), ``texts``, ``logprobs`` (log P
@@ -66,6 +68,10 @@ class BinaryTask(ModelTask):
                              f"samples are one results line), got {self.n}")
         if not self.temperature > 0:
             raise ValueError("the binary study compares distributions: temperature must be > 0")
+
+    def weights_dtype(self) -> str:
+        """float32 on transformers, whatever the device (not an option of this study)."""
+        return "float32" if self.backend == "transformers" else "auto"
 
     def config(self) -> dict[str, object]:
         return {"task": "binary", **self.model_config(), "n": self.n,

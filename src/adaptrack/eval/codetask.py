@@ -152,6 +152,7 @@ class CodeTask(ModelTask):
     model: str | None = None
     backend: str = "auto"
     device: str = "auto"
+    dtype: str = "auto"
     methods: tuple[str, ...] = METHODS
     n: int = 10
     limit: int | None = None

@@ -694,13 +694,15 @@ def seed_for(seed: int, *parts: Any) -> int:
 class ModelTask:
     """What tasks that sample from a model share: the model spec and its lazy loading.
 
-    Subclasses are dataclasses with ``model``, ``backend`` and ``device`` fields; the loaded
-    model stays out of pickles, so a task travels to workers as its options only.
+    Subclasses are dataclasses with ``model``, ``backend``, ``device`` and ``dtype`` fields
+    (:func:`~adaptrack.lm.load.load_model`'s); the loaded model stays out of pickles, so a
+    task travels to workers as its options only.
     """
 
     model: str | None
     backend: str
     device: str
+    dtype: str = "auto"
     _lm: Any = None
 
     def setup(self, threads: int | None = None) -> None:
@@ -708,7 +710,11 @@ class ModelTask:
             from ..lm.load import load_model
 
             self._lm = load_model(self.model, backend=self.backend, device=self.device,
-                                  threads=threads)
+                                  threads=threads, dtype=self.weights_dtype())
+
+    def weights_dtype(self) -> str:
+        """The ``dtype`` the model loads with."""
+        return self.dtype
 
     @property
     def lm(self) -> Any:
@@ -721,7 +727,11 @@ class ModelTask:
         return state
 
     def model_config(self) -> dict[str, Any]:
-        return {"model": self.model or "default", "backend": self.backend, "device": self.device}
+        # ``auto`` is determined by the device (float16 on CUDA, float32 on a CPU) and is left
+        # out, so results files made before the option existed still resume.
+        precision = {} if self.dtype == "auto" else {"dtype": self.dtype}
+        return {"model": self.model or "default", "backend": self.backend,
+                "device": self.device, **precision}
 
     def greedy_and_sampled(
         self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,

@@ -323,6 +323,7 @@ class ApiTask(ModelTask):
     model: str | None = None
     backend: str = "auto"
     device: str = "auto"
+    dtype: str = "auto"
     methods: tuple[str, ...] = METHODS
     n: int = 20
     limit: int | None = None
