@@ -2,11 +2,9 @@
 constraint, the real sandbox, the results file and Table 3 (``adaptrack eval humaneval``).
 
 Kept small for CI: 2 problems, 2 methods, greedy and 2 samples each, at most 32 new tokens,
-at temperature 0.3. AdapTrack (like ASAp and exact) returns only completions that end within
-``--max-new-tokens``; at temperature 1 this model rambles in comments, and finding such a
-completion within 32 tokens takes it minutes of backtracking. At 0.3 the samples follow the
-model's short favourites (an empty body, a comment then a stop string). The scores do not
-matter here; the pipeline does.
+at temperature 0.3, where the samples follow the model's short favourites (an empty body, a
+comment then a stop string) and need few model calls. The scores do not matter here; the
+pipeline does.
 """
 
 from __future__ import annotations
