@@ -329,17 +329,92 @@ def test_pass_kv_bytes_bounds_the_states_a_pass_assembles(tiny):
     before = lm.forward_calls
     lm.next_logprobs(rows)
     assert lm.forward_calls - before == 1  # 6 rows of 80 tokens: far below 1 GiB
-    tight = TransformersLM(model, tok, pass_kv_bytes=int(2.5 * len(prompt) * per_token))
-    tight.next_logprobs([prompt])
-    before = tight.forward_calls
-    got = tight.next_logprobs(rows)
-    assert tight.forward_calls - before == 3  # two rows' states per pass
-    for prefix, row in zip(rows, got, strict=True):
-        assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+    bound = int(2.5 * len(prompt) * per_token)
+    # Rows that copy the prompt (no sharing below 1 000 tokens) go two to a pass; rows that
+    # attend to it in place hold none of it, and all go in one.
+    for share, passes in ((1000, 3), (64, 1)):
+        tight = TransformersLM(model, tok, pass_kv_bytes=bound, share_tokens=share)
+        tight.next_logprobs([prompt])
+        before = tight.forward_calls
+        got = tight.next_logprobs(rows)
+        assert tight.forward_calls - before == passes
+        for prefix, row in zip(rows, got, strict=True):
+            assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
     with pytest.raises(ValueError, match="pass_kv_bytes must be an int >= 0, got -1"):
         TransformersLM(model, tok, pass_kv_bytes=-1)
     with pytest.raises(ValueError, match="share_tokens must be an int >= 1, got 0"):
         TransformersLM(model, tok, share_tokens=0)
+
+
+@pytest.mark.parametrize("q", [1, 3])
+@pytest.mark.parametrize("groups", [1, 2, 3])
+@pytest.mark.parametrize("mask", ["none", "bool", "float"])
+def test_attention_to_a_shared_prefix_equals_sdpa_over_the_copies(q, groups, mask):
+    """The attention function of lm/shared_attention.py against torch's SDPA over every row's
+    shared and own keys laid end to end: GQA, one or more new positions, each mask kind."""
+    from adaptrack.lm import shared_attention as sa
+
+    gen = torch.Generator().manual_seed(q * 10 + groups)
+    rows, kv_heads, p, own, d = 3, 2, 7, 4, 8
+    heads = kv_heads * groups
+    query = torch.randn(rows, heads, q, d, generator=gen)
+    shared = (torch.randn(1, kv_heads, p, d, generator=gen),
+              torch.randn(1, kv_heads, p, d, generator=gen))
+    keys = torch.randn(rows, kv_heads, own + q, d, generator=gen)
+    values = torch.randn(rows, kv_heads, own + q, d, generator=gen)
+    length = p + own + q
+    allowed = torch.ones(rows, 1, q, length, dtype=torch.bool).tril(length - q)
+    allowed[1, :, :, p:p + 2] = False  # row 1's own part is left-padded by two
+    given = {"none": None, "bool": allowed,
+             "float": torch.zeros(rows, 1, q, length).masked_fill(~allowed, -1e30)}[mask]
+    if mask == "none":
+        allowed = torch.ones(rows, 1, q, length, dtype=torch.bool).tril(length - q)
+    full_k = torch.cat([shared[0].expand(rows, -1, -1, -1), keys], dim=2)
+    full_v = torch.cat([shared[1].expand(rows, -1, -1, -1), values], dim=2)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, full_k.repeat_interleave(groups, 1), full_v.repeat_interleave(groups, 1),
+        attn_mask=allowed).transpose(1, 2)
+    layer = sa.shared_layer(shared, keys[:, :, :own], values[:, :, :own])
+    assert layer.get_seq_length() == p + own
+    tagged_k, tagged_v = layer.update(keys[:, :, own:], values[:, :, own:])
+    module = type("Attention", (), {"num_key_value_groups": groups, "is_causal": True})()
+    got, _ = sa.attention(module, query, tagged_k, tagged_v, given, scaling=d ** -0.5)
+    assert got.shape == (rows, q, heads, d)
+    assert torch.allclose(got, expected, atol=1e-5)
+    # Untagged keys go to transformers' own sdpa, unchanged.
+    plain, _ = sa.attention(module, query, full_k, full_v, allowed, scaling=d ** -0.5)
+    assert torch.allclose(plain, expected, atol=1e-5)
+
+
+def test_rows_of_one_prompt_attend_to_it_in_place(tiny, monkeypatch):
+    """Walks of one prompt (of different lengths, fed one or several tokens, one row or
+    many) are batched with the prompt's positions once, not once per row, and equal a
+    fresh forward; the same walks without it give the same log-probs."""
+    model, tok = tiny
+    prompt = tuple(range(10, 90))
+    lm = TransformersLM(model, tok, share_tokens=16)
+    copies = TransformersLM(model, tok, share_tokens=16, shared_attention=False)
+    assert not copies.shared_attention
+    assert lm.shared_attention and model.config._attn_implementation != "sdpa"
+    used = []
+    built = lm._batched_cache
+    monkeypatch.setattr(lm, "_batched_cache", lambda s, w, c=None: used.append(
+        c is not None) or built(s, w, c))
+    rng = random.Random(3)
+    walks = [prompt] * 5
+    lm.next_logprobs([prompt])  # as generate starts: the prompt's state, the walks' base
+    copies.next_logprobs([prompt])
+    for step in range(8):
+        walks = [(*w, *(rng.randrange(200) for _ in range(rng.choice([1, 1, 3]))))
+                 for w in walks]
+        if step == 4:
+            walks[0] = walks[0][:len(prompt) + 2]  # a backtrack
+        asked = walks if step % 3 else walks[:1]  # one row alone too
+        got, same = lm.next_logprobs(asked), copies.next_logprobs(asked)
+        for prefix, row in zip(asked, got, strict=True):
+            assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+        assert np.abs(got - same).max() < 1e-5
+    assert sum(used) >= 6 and lm.fed_tokens == copies.fed_tokens
 
 
 def test_pad_groups_bound_the_padding():

@@ -14,7 +14,9 @@ prefixes go in one forward pass: the kept states are left-padded to a common len
 new tokens right-padded, with an attention mask and explicit positions, so each row computes
 exactly what a lone forward over its prefix would (within float rounding, tested to 1e-4
 in float32; in bfloat16 the rounding depends on how a state was built, up to 0.9 nats on
-the default model).
+the default model). Where every row of a pass starts with one base's positions, the pass
+holds them once and attends to them in place (:mod:`adaptrack.lm.shared_attention`), the
+padding between them and each row's own positions.
 
 Models with sliding-window layers (whose caches cannot be cropped) are run without reuse.
 """
@@ -198,6 +200,10 @@ class TransformersLM(LanguageModel):
     ``pass_kv_bytes`` (default 1 GiB) bounds the kept states one forward pass assembles:
     rows beyond it go to further passes, which bounds a pass's memory (about three times
     this at its peak) when many rows reuse a long prompt.
+    ``shared_attention`` (default True; models that use transformers' ``sdpa`` attention):
+    rows of one pass whose states share one base's positions attend to them in place
+    (``lm/shared_attention.py``) instead of each row carrying a copy; the log-probs agree
+    with the copies' within float rounding (tested to 1e-5 in float32).
     ``context_length`` comes from the config (``max_position_embeddings`` or the like).
     ``vocab`` overrides the token bytes read from the tokenizer.
     Use :func:`adaptrack.load_model` rather than building one by hand.
@@ -206,7 +212,8 @@ class TransformersLM(LanguageModel):
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
                  max_states: int = MAX_STATES, kv_cache_bytes: int = KV_CACHE_BYTES,
                  pass_kv_bytes: int = PASS_KV_BYTES, share_tokens: int = SHARE_TOKENS,
-                 name: str | None = None, vocab: Vocabulary | None = None) -> None:
+                 shared_attention: bool = True, name: str | None = None,
+                 vocab: Vocabulary | None = None) -> None:
         for arg, value, least in (("max_batch", max_batch, 1), ("max_states", max_states, 1),
                                   ("kv_cache_bytes", kv_cache_bytes, 0),
                                   ("pass_kv_bytes", pass_kv_bytes, 0),
@@ -231,6 +238,11 @@ class TransformersLM(LanguageModel):
         self.reuse = not any("sliding" in str(t) for t in types) and not getattr(
             model.config, "use_sliding_window", False) and kv_cache_bytes > 0
         self._states: LRU[Prefix, _State] = LRU(kv_cache_bytes, size=lambda st: st.nbytes)
+        # A batch whose rows all start with one base state's positions attends to them in
+        # place (lm/shared_attention.py) instead of copying them into every row.
+        from .shared_attention import enable
+
+        self.shared_attention = bool(shared_attention) and self.reuse and enable(model)
         # transformers 5 names the KV cache ``cache`` (argument and output) and drops
         # ``past_key_values``, which older releases take.
         forward = inspect.signature(model.forward).parameters
@@ -341,9 +353,12 @@ class TransformersLM(LanguageModel):
                           if st is not None and st.own[0][0].shape[2]), 0.0)
         if not per_token or len(group) == 1:
             return [group]
+        # Rows that attend to one base's positions in place hold their own positions only.
+        common = self._common_base([(found[i][0], found[i][1]) for i in group])
+        skip = common[1] if common is not None else 0
         parts: list[list[int]] = []
         for i in sorted(group, key=lambda i: -found[i][0]):  # a part's first row is its widest
-            if parts and (len(parts[-1]) + 1) * found[parts[-1][0]][0] * per_token \
+            if parts and (len(parts[-1]) + 1) * (found[parts[-1][0]][0] - skip) * per_token \
                     <= self.pass_kv_bytes:
                 parts[-1].append(i)
             else:
@@ -365,11 +380,13 @@ class TransformersLM(LanguageModel):
         ids = torch.zeros((rows, steps), dtype=torch.long, device=dev)
         pos = torch.zeros((rows, steps), dtype=torch.long, device=dev)
         mask = torch.ones((rows, width + steps), dtype=torch.long, device=dev)
+        common = self._common_base(sources) if width else None
+        skip = common[1] if common is not None else 0  # the padding follows the shared part
         for r, (n, toks) in enumerate(zip(kept, new, strict=True)):
             ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             pos[r] = torch.arange(n, n + steps)
-            mask[r, : width - n] = 0  # left padding of the kept state
-        cache = self._batched_cache(sources, width) if width else None
+            mask[r, skip: skip + width - n] = 0  # left padding of the kept state
+        cache = self._batched_cache(sources, width, common) if width else None
         kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": pos, "use_cache": self.reuse}
         if cache is not None:
             kwargs[self._cache_arg] = cache
@@ -392,17 +409,55 @@ class TransformersLM(LanguageModel):
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         if self.reuse:
             passed = getattr(out, self._cache_arg)
-            self._keep(prefixes, kept, new, width, passed, found)
+            self._keep(prefixes, kept, new, width, passed, found, skip)
             self._freed += sum(2 * layer.keys.numel() * layer.keys.element_size()
                                for layer in passed.layers)
         return logprobs
 
-    def _batched_cache(self, sources: list[tuple[int, _State | None]], width: int) -> Any:
+    def _common_base(self, sources: list[tuple[int, _State | None]]
+                     ) -> tuple[_State, int] | None:
+        """The base state whose first P positions every row starts with, and P, where the
+        pass can attend to them in place (P at least ``share_tokens``); else None."""
+        if not self.shared_attention:
+            return None
+        common: tuple[_State, int] | None = None
+        for n, st in sources:
+            if st is None or not n:
+                return None
+            here = (st.base, min(n, st.shared)) if st.base is not None else (st, n)
+            if common is None:
+                common = here
+            elif here[0] is not common[0] or here[1] != common[1]:
+                return None
+        return common if common is not None and common[1] >= self.share_tokens else None
+
+    def _batched_cache(self, sources: list[tuple[int, _State | None]], width: int,
+                       common: tuple[_State, int] | None = None) -> Any:
+        """The kept states of ``sources`` as one batch's cache, left-padded to ``width``;
+        with ``common`` (:meth:`_common_base`), its shared part once and each row's own
+        positions after it (lm/shared_attention.py)."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
+        from .shared_attention import shared_layer
+
         ref = next(st for _, st in sources if st is not None)
         cache = DynamicCache()
+        if common is not None:
+            base, p = common
+            for layer in range(len(ref.own)):
+                k0 = ref.own[layer][0]
+                shape = (len(sources), k0.shape[1], width - p, k0.shape[3])
+                keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
+                for r, (n, state) in enumerate(sources):
+                    if n > p:  # a base state used as is has no own positions past p
+                        own_k, own_v = state.own[layer]  # type: ignore[union-attr]
+                        keys[r, :, width - n:] = own_k[0, :, :n - p]
+                        values[r, :, width - n:] = own_v[0, :, :n - p]
+                kv = base.own[layer]
+                cache.layers.append(shared_layer(
+                    (kv[0][:, :, :p], kv[1][:, :, :p]), keys, values))
+            return cache
         for layer in range(len(ref.own)):
             k0 = ref.own[layer][0]
             n, state = sources[0]
@@ -432,7 +487,9 @@ class TransformersLM(LanguageModel):
         return cache
 
     def _keep(self, prefixes: list[Prefix], kept: list[int], new: list[Prefix], width: int,
-              cache: Any, found: list[tuple[int, _State | None, Prefix]]) -> None:
+              cache: Any, found: list[tuple[int, _State | None, Prefix]], skip: int = 0) -> None:
+        """Keep each row's state; ``skip``: the shared positions the pass's cache left out
+        (its own columns start there)."""
         held = self._states.used
         for r, prefix in enumerate(prefixes):
             lo, hi = width - kept[r], width + len(new[r])
@@ -444,7 +501,8 @@ class TransformersLM(LanguageModel):
             shared = 0 if source is None else min(kept[r], source.shared or kept[r])
             if base is None or shared < self.share_tokens:
                 base, shared = None, 0
-            kv = [(layer.keys[r:r + 1, :, lo + shared:hi], layer.values[r:r + 1, :, lo + shared:hi])
+            lo, hi = lo + shared - skip, hi - skip
+            kv = [(layer.keys[r:r + 1, :, lo:hi], layer.values[r:r + 1, :, lo:hi])
                   for layer in cache.layers]
             state = _State(prefix, base, shared, _owned(kv))
             held += state.nbytes
