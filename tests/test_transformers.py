@@ -417,6 +417,44 @@ def test_rows_of_one_prompt_attend_to_it_in_place(tiny, monkeypatch):
     assert sum(used) >= 6 and lm.fed_tokens == copies.fed_tokens
 
 
+def test_a_model_that_rebuilds_its_keys_from_the_cache_falls_back_to_copies():
+    """DeepSeek-V3's latent attention keeps compressed latents in the cache and expands them
+    (keys and values of different widths): the shared part never reaches the attention
+    function, which the pass detects; it runs again with copies, and so do later passes."""
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=len(tok) + 3, hidden_size=64, intermediate_size=128,
+        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, first_k_dense_replace=2, kv_lora_rank=16, q_lora_rank=None,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=512,
+        eos_token_id=len(tok) - 1)
+    model = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    prompt = tuple(range(10, 90))
+    lm = TransformersLM(model, tok, share_tokens=16)
+    assert lm.shared_attention
+    lm.next_logprobs([prompt])
+    rows = [(*prompt, t) for t in (5, 6, 7)]
+    for asked in (rows[:1], rows, [(*r, 9) for r in rows]):
+        for prefix, row in zip(asked, lm.next_logprobs(asked), strict=True):
+            assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+    assert not lm.shared_attention
+
+
+def test_cache_layers_start_across_transformers_releases():
+    """Before 4.57 ``lazy_initialization`` takes the keys only."""
+    from adaptrack.lm.shared_attention import start_layer
+
+    class Old:
+        def lazy_initialization(self, keys):
+            self.started = keys
+
+    layer, keys, values = Old(), torch.zeros(1), torch.ones(1)
+    start_layer(layer, keys, values)
+    assert layer.started is keys and layer.keys is keys and layer.values is values
+
+
 def test_pad_groups_bound_the_padding():
     from adaptrack.lm.hf import pad_groups
     rng = random.Random(0)

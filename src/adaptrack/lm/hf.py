@@ -38,6 +38,8 @@ from .base import LanguageModel, Prefix, common_prefix
 
 try:
     import torch
+
+    from . import shared_attention as _shared
 except ImportError:  # pragma: no cover - the error is raised by load_model
     torch = None  # type: ignore[assignment]
 
@@ -88,6 +90,9 @@ PASS_KV_BYTES = 1 << 30
 #: at most one per TRIM_SECONDS.
 TRIM_BYTES = 2 << 30
 TRIM_SECONDS = 5.0
+#: New positions per row past which a pass copies a shared base into its rows rather than
+#: attending to it in place (lm/shared_attention.py materializes every row's scores).
+SHARED_MAX_STEPS = 16
 #: A new state keeps a reference to its source's leading positions rather than a copy where
 #: they are at least this many tokens (a shared prompt), and copies everything otherwise.
 SHARE_TOKENS = 64
@@ -240,9 +245,8 @@ class TransformersLM(LanguageModel):
         self._states: LRU[Prefix, _State] = LRU(kv_cache_bytes, size=lambda st: st.nbytes)
         # A batch whose rows all start with one base state's positions attends to them in
         # place (lm/shared_attention.py) instead of copying them into every row.
-        from .shared_attention import enable
-
-        self.shared_attention = bool(shared_attention) and self.reuse and enable(model)
+        self.shared_attention = (bool(shared_attention) and self.reuse
+                                 and _shared.enable(model))
         # transformers 5 names the KV cache ``cache`` (argument and output) and drops
         # ``past_key_values``, which older releases take.
         forward = inspect.signature(model.forward).parameters
@@ -380,7 +384,9 @@ class TransformersLM(LanguageModel):
         ids = torch.zeros((rows, steps), dtype=torch.long, device=dev)
         pos = torch.zeros((rows, steps), dtype=torch.long, device=dev)
         mask = torch.ones((rows, width + steps), dtype=torch.long, device=dev)
-        common = self._common_base(sources) if width else None
+        # Many new positions per row (a prefill, a long chain) amortize the copy, and their
+        # scores would be materialized: those passes copy.
+        common = self._common_base(sources) if width and steps <= SHARED_MAX_STEPS else None
         skip = common[1] if common is not None else 0  # the padding follows the shared part
         for r, (n, toks) in enumerate(zip(kept, new, strict=True)):
             ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
@@ -406,6 +412,11 @@ class TransformersLM(LanguageModel):
                                 torch.tensor([at[c] for c in col_ids], device=dev)]
         self.forward_calls += 1
         self.fed_tokens += sum(len(t) for t in new)
+        if common is not None and not _shared.all_attended(cache):
+            # The model rebuilt its keys from the cache (latent attention) and never saw the
+            # shared part: this pass is wrong; copies from now on.
+            self.shared_attention = False
+            return self._forward_pass(prefixes, outs, found)
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         if self.reuse:
             passed = getattr(out, self._cache_arg)
@@ -439,27 +450,25 @@ class TransformersLM(LanguageModel):
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        from .shared_attention import shared_layer
-
         ref = next(st for _, st in sources if st is not None)
         cache = DynamicCache()
         if common is not None:
             base, p = common
             for layer in range(len(ref.own)):
-                k0 = ref.own[layer][0]
-                shape = (len(sources), k0.shape[1], width - p, k0.shape[3])
-                keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
+                k0, v0 = ref.own[layer]
+                keys = k0.new_zeros((len(sources), k0.shape[1], width - p, k0.shape[3]))
+                values = v0.new_zeros((len(sources), v0.shape[1], width - p, v0.shape[3]))
                 for r, (n, state) in enumerate(sources):
                     if n > p:  # a base state used as is has no own positions past p
                         own_k, own_v = state.own[layer]  # type: ignore[union-attr]
                         keys[r, :, width - n:] = own_k[0, :, :n - p]
                         values[r, :, width - n:] = own_v[0, :, :n - p]
                 kv = base.own[layer]
-                cache.layers.append(shared_layer(
+                cache.layers.append(_shared.shared_layer(
                     (kv[0][:, :, :p], kv[1][:, :, :p]), keys, values))
             return cache
         for layer in range(len(ref.own)):
-            k0 = ref.own[layer][0]
+            k0, v0 = ref.own[layer]
             n, state = sources[0]
             pieces = state.layer(layer, n) if state is not None else []
             if len(sources) == 1 and len(pieces) == 1:  # one row fills the width: a view
@@ -468,8 +477,8 @@ class TransformersLM(LanguageModel):
                 keys = torch.cat([k for k, _ in pieces], dim=2)
                 values = torch.cat([v for _, v in pieces], dim=2)
             else:  # each row copied once into place, left-padded; the mask hides the padding
-                shape = (len(sources), k0.shape[1], width, k0.shape[3])
-                keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
+                keys = k0.new_zeros((len(sources), k0.shape[1], width, k0.shape[3]))
+                values = v0.new_zeros((len(sources), v0.shape[1], width, v0.shape[3]))
                 for r, (n, state) in enumerate(sources):
                     if state is None or not n:
                         continue
@@ -481,8 +490,7 @@ class TransformersLM(LanguageModel):
             # Set the tensors directly: building the cache through ``update`` would copy
             # every kept state once more.
             kept = DynamicLayer()
-            kept.lazy_initialization(keys, values)
-            kept.keys, kept.values = keys, values
+            _shared.start_layer(kept, keys, values)
             cache.layers.append(kept)
         return cache
 

@@ -10,10 +10,16 @@ own keys, under one softmax over both (the additive mask included), as
 ``softmax(q·[K_shared, K_own]ᵀ · scale) · [V_shared, V_own]``: the same attention, in
 another order of float operations.
 
+Failure cases, each handled: a model whose attention rebuilds its keys from the cache
+(latent attention) loses the tag on the way, which :func:`all_attended` detects after the
+pass (the backend then runs it again with copies and stops using this path); attention
+options this path does not implement (soft-capping, sliding windows, sinks) copy the
+shared part in front and leave the call to sdpa.
+
 :func:`enable` registers the attention function with transformers
-(``AttentionInterface``) in place of ``sdpa`` for one model; it falls back to transformers'
-own ``sdpa`` for every call whose keys carry no shared part, so the model computes as
-before wherever :class:`SharedPrefixLayer` is not used.
+(``AttentionInterface``) in place of ``sdpa`` for one model (its config then names it); it
+falls back to transformers' own ``sdpa`` for every call whose keys carry no shared part, so
+the model computes bit for bit as before wherever a shared layer is not used.
 """
 
 from __future__ import annotations
@@ -24,8 +30,33 @@ from typing import Any
 import torch
 
 NAME = "adaptrack_shared_sdpa"
-#: The attribute of a layer's returned key tensor that holds the shared (keys, values).
+#: The attribute of a layer's returned key tensor that holds its :class:`Shared` part.
 _TAG = "_adaptrack_shared"
+#: Keyword arguments of transformers' attention contract that the in-place path does not
+#: implement: with any of them set, the shared part is copied in front and sdpa decides.
+_UNSUPPORTED = ("softcap", "sliding_window", "position_bias", "s_aux")
+
+
+class Shared:
+    """Keys and values ``[1, kv_heads, P, head_dim]`` that every row of a pass starts with;
+    ``attended`` records that an attention call read them (a model that rebuilt its keys
+    from the cache, as latent-attention models do, would drop the tag: see
+    :func:`all_attended`)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values, self.attended = keys, values, False
+
+
+def start_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """``layer.lazy_initialization`` across transformers releases (before 4.57 it takes the
+    keys only), then ``keys`` and ``values`` as the layer's tensors."""
+    import inspect
+
+    if len(inspect.signature(layer.lazy_initialization).parameters) >= 2:
+        layer.lazy_initialization(keys, values)
+    else:
+        layer.lazy_initialization(keys)
+    layer.keys, layer.values = keys, values
 
 
 @cache
@@ -35,7 +66,7 @@ def _layer_class() -> Any:
     class SharedPrefixLayer(DynamicLayer):
         """See :func:`shared_layer`."""
 
-        shared: tuple[torch.Tensor, torch.Tensor]
+        shared: Shared
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
                    *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +79,7 @@ def _layer_class() -> Any:
 
         def get_seq_length(self) -> int:
             own = 0 if self.keys is None else self.keys.shape[-2]
-            return int(self.shared[0].shape[-2] + own)
+            return int(self.shared.keys.shape[-2] + own)
 
     return SharedPrefixLayer
 
@@ -61,9 +92,16 @@ def shared_layer(shared: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
     positions, so the model's mask and cache positions span both; the attention mask's
     columns are the shared positions, then the own ones."""
     layer = _layer_class()()
-    layer.lazy_initialization(keys, values)
-    layer.keys, layer.values, layer.shared = keys, values, shared
+    start_layer(layer, keys, values)
+    layer.shared = Shared(*shared)
     return layer
+
+
+def all_attended(cache: Any) -> bool:
+    """Whether every shared layer of ``cache`` reached :func:`attention` with its tag; if
+    not, the pass attended to the rows' own positions only and must be run again with
+    copies."""
+    return all(layer.shared.attended for layer in cache.layers if hasattr(layer, "shared"))
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -71,26 +109,33 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
               scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract (``query [B, H, q, D]``, keys and values
     ``[B, KV, L, D]``, output ``[B, q, H, D]``); keys tagged by :func:`shared_layer` also
-    attend to the shared positions in front of ``key``."""
-    shared = getattr(key, _TAG, None)
-    if shared is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    attend to the shared positions in front of ``key``. Scores and their softmax are
+    computed in float32 whatever the model's precision."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    shared: Shared | None = getattr(key, _TAG, None)
+    if shared is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
-    shared_k, shared_v = shared[0][0], shared[1][0]  # [KV, P, D]
-    rows, heads, q, d = query.shape
-    kv_heads, p = key.shape[1], shared_k.shape[1]
+    shared.attended = True
+    rows = query.shape[0]
+    if any(kwargs.get(name) is not None for name in _UNSUPPORTED) or dropout:
+        full_k = torch.cat([shared.keys.expand(rows, -1, -1, -1), key], dim=2)
+        full_v = torch.cat([shared.values.expand(rows, -1, -1, -1), value], dim=2)
+        return sdpa_attention_forward(module, query, full_k, full_v, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    _, heads, q, d = query.shape
+    kv_heads, p = key.shape[1], shared.keys.shape[2]
     groups = heads // kv_heads
     scale = scaling if scaling is not None else d ** -0.5
     # Query heads that read one KV head side by side ([B, KV, g*q, D]), and all rows' of one
     # KV head together ([KV, B*g*q, D]): the shared keys then serve every row in one product.
-    grouped = query.reshape(rows, kv_heads, groups * q, d)
+    grouped = (query.float() * scale).reshape(rows, kv_heads, groups * q, d)
     stacked = grouped.transpose(0, 1).reshape(kv_heads, rows * groups * q, d)
-    to_shared = torch.matmul(stacked, shared_k.transpose(1, 2))
+    to_shared = torch.matmul(stacked, shared.keys[0].float().transpose(1, 2))
     to_shared = to_shared.view(kv_heads, rows, groups * q, p).transpose(0, 1)
-    to_own = torch.matmul(grouped, key.transpose(2, 3))
-    scores = torch.cat([to_shared, to_own], dim=-1).view(rows, heads, q, -1) * scale
+    to_own = torch.matmul(grouped, key.float().transpose(2, 3))
+    scores = torch.cat([to_shared, to_own], dim=-1).view(rows, heads, q, -1)
     length = scores.shape[-1]
     if attention_mask is None:  # causal among the new positions, the last q
         if q > 1:
@@ -98,15 +143,16 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
             rows_at = torch.arange(length - q, length, device=scores.device)[:, None]
             scores = scores.masked_fill(cols > rows_at, float("-inf"))
     elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask[..., -length:], float("-inf"))
+        scores = scores.masked_fill(~attention_mask[..., :length], float("-inf"))
     else:
-        scores = scores + attention_mask[..., -length:]
-    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
-    probs = probs.view(rows, kv_heads, groups * q, length)
+        scores = scores + attention_mask[..., :length].float()
+    probs = torch.softmax(scores, dim=-1).view(rows, kv_heads, groups * q, length)
     from_shared = probs[..., :p].transpose(0, 1).reshape(kv_heads, rows * groups * q, p)
-    out = torch.matmul(from_shared, shared_v).view(kv_heads, rows, groups * q, d).transpose(0, 1)
-    out = out + torch.matmul(probs[..., p:], value)
-    return out.reshape(rows, heads, q, d).transpose(1, 2).contiguous(), None
+    out = torch.matmul(from_shared, shared.values[0].float())
+    out = out.view(kv_heads, rows, groups * q, -1).transpose(0, 1)
+    out = out + torch.matmul(probs[..., p:], value.float())
+    out = out.to(query.dtype).reshape(rows, heads, q, -1)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def enable(model: Any) -> bool:
@@ -127,4 +173,5 @@ def enable(model: Any) -> bool:
     return bool(config._attn_implementation == NAME)  # type: ignore[union-attr]
 
 
-__all__ = ["NAME", "attention", "enable", "shared_layer"]
+__all__ = ["NAME", "Shared", "all_attended", "attention", "enable", "shared_layer",
+           "start_layer"]
