@@ -182,6 +182,26 @@ def test_greedy_methods():
                 node = tree.child(node, tok)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_greedy_is_the_most_probable_valid_sequence_with_batched_calls(seed):
+    """The best-first search expands the prefixes it would visit next together (one model
+    call for several rows); the answer stays the argmax of the enumerated target."""
+    rng = random.Random(seed)
+    vocab = [b"a", b"b", b"c", b"ab", b"bc", b"<eos>"]
+    lm = at.TableLM(vocab, hashed_weights(len(vocab), bytes([seed])), eos=5)
+    strings = sorted({"".join(rng.choice("abc") for _ in range(rng.randint(1, 5)))
+                      for _ in range(12)})
+    c = at.constraints.choice(strings)
+    dist = at.exact_distribution(lm, [], c, max_new_tokens=6)
+    best = max(dist.values())
+    calls = []
+    ask = lm.next_logprobs
+    lm.next_logprobs = lambda prefixes: calls.append(len(prefixes)) or ask(prefixes)  # type: ignore[method-assign]
+    res = at.generate(lm, [], c, method="exact", n=1, temperature=0, max_new_tokens=6)
+    assert dist[res.samples[0].tokens] == pytest.approx(best)
+    assert max(calls) > 1  # several prefixes in one call
+
+
 def test_terminator_ends_the_sequence_inside_a_token_and_text_is_cut():
     vocab = [b"tf", b".", b"nn", b"relu", b"relu(x", b"(", b"<eos>"]
     lm = at.TableLM(vocab, lambda p: [1, 1, 1, 1, 30, 1, 1], eos=6)

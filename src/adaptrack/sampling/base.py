@@ -14,8 +14,9 @@ from .tree import Expansion, Node, PrefixTree
 #: (the end of a round, :meth:`Method.release`).
 BARRIER = object()
 
-#: One sample in progress: yields the prefixes whose expansion it needs next (or
-#: :data:`BARRIER`), returns the final node. Written as a generator so that several walks
+#: One sample in progress: yields the prefix whose expansion it needs next (a node, or a
+#: tuple of nodes that one model call serves together; or :data:`BARRIER`), returns the
+#: final node. Written as a generator so that several walks
 #: can share one model call (the engine, ``sampling/engine.py``).
 Walk = Generator[object, None, Node]
 

@@ -58,6 +58,15 @@ class Request:
 _Item = tuple["Request", Node, bool]
 
 
+def _waited(waits: object) -> list[Node]:
+    """The prefixes a walk waits for: one node, or a tuple of nodes one call serves."""
+    if isinstance(waits, Node):
+        return [waits]
+    if isinstance(waits, tuple):
+        return [n for n in waits if isinstance(n, Node)]
+    return []
+
+
 class Engine:
     """Serves every walk of every submitted request with shared batched model calls.
 
@@ -109,7 +118,7 @@ class Engine:
         items: list[_Item] = []
         waited: dict[int, list[Node]] = {}
         for req in self.requests:
-            nodes = [s.waits for s in req._slots.values() if isinstance(s.waits, Node)]
+            nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
             try:
                 req.tree.check_time()  # between model calls: each request keeps its budget
                 plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
@@ -185,7 +194,7 @@ class Engine:
         """Run the request's walks until each waits for the model or is done."""
         try:
             for i in sorted(req._slots):  # the model answered what these waited for
-                if isinstance(req._slots[i].waits, Node):
+                if _waited(req._slots[i].waits):
                     self._resume(req, i)
             while True:
                 while req.started < req.n and len(req._slots) < req.width:

@@ -127,6 +127,8 @@ class Exact(Method):
                 if node.complete:
                     self._best = node
                     return node
+                if node.expansion is None:
+                    yield (node, *self._next_cheapest(heap, order, expansions))
                 exp = yield from self.expand(node)
                 expansions[id(node)] = exp
                 self.used(seen, node)
@@ -145,3 +147,23 @@ class Exact(Method):
                 heapq.heappush(heap, (-node.logprob - math.log(nxt), counter, node, k + 1))
                 counter += 1
         raise self.empty_language()
+
+    def _next_cheapest(self, heap: list[tuple[float, int, Node, int]],
+                       order: dict[int, list[int]], expansions: dict[int, Expansion]
+                       ) -> list[Node]:
+        """The prefixes the search would expand next (the cheapest entries of ``heap``,
+        children made where an entry stands for one), to share a model call: best-first
+        search expands every prefix cheaper than its answer, so only the last call's
+        extras can go unused, and the answer is the same."""
+        ahead = []
+        for _, _, node, k in heapq.nsmallest(LOOKAHEAD, heap):
+            if k >= 0:
+                node = self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
+            if not node.complete and node.expansion is None:
+                ahead.append(node)
+        return ahead
+
+
+#: Prefixes the greedy search expands along with the one it needs (a sequential search's
+#: model calls would otherwise serve one row each).
+LOOKAHEAD = 7
