@@ -156,8 +156,13 @@ class Exact(Method):
         search expands every prefix cheaper than its answer, so only the last call's
         extras can go unused, and the answer is the same."""
         ahead = []
+        # Prefixes made ahead count toward max_nodes: none near the limit, so the lookahead
+        # never ends a search that would have found its answer.
+        room = self.tree.max_nodes - self.tree.num_nodes > 2 * LOOKAHEAD
         for _, _, node, k in heapq.nsmallest(LOOKAHEAD, heap):
             if k >= 0:
+                if not room:
+                    continue
                 node = self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
             if not node.complete and node.expansion is None:
                 ahead.append(node)
