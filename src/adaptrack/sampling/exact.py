@@ -47,8 +47,9 @@ class Exact(Method):
     >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     >>> walk = Exact(tree, greedy=True).walk(set(), np.random.default_rng(0))
     >>> try:
-    ...     while True:                       # the driver's part: the model calls it waits for
-    ...         tree.expand_many([next(walk)])  # never BARRIER: greedy search has no rounds
+    ...     while True:                # the driver's part: the model calls it waits for
+    ...         asked = next(walk)     # a prefix or a tuple of them (never BARRIER here)
+    ...         tree.expand_many(list(asked) if isinstance(asked, tuple) else [asked])
     ... except StopIteration as done:
     ...     print(done.value.tokens)          # "b" then EOS: .2 · .2 > P(ab EOS) = .6 · .2 · .2
     (1, 2)
