@@ -389,11 +389,16 @@ def test_model_demo_dispatch(capsys, monkeypatch):
 
     monkeypatch.setattr(adaptrack.demo, "run_model_demo", fake, raising=False)
     assert run(capsys, "demo")[0] == 0
-    assert calls == [{"model": None, "backend": "auto", "device": "auto", "n": 10, "seed": 0}]
+    assert calls == [{"model": None, "backend": "auto", "device": "auto", "dtype": "auto",
+                      "n": 10, "seed": 0}]
     assert run(capsys, "demo", "--model", "m.gguf", "--backend", "llamacpp", "--device", "cpu",
                "-n", "3", "--seed", "7")[0] == 0
-    assert calls[-1] == {"model": "m.gguf", "backend": "llamacpp", "device": "cpu", "n": 3,
-                         "seed": 7}
+    assert calls[-1] == {"model": "m.gguf", "backend": "llamacpp", "device": "cpu",
+                         "dtype": "auto", "n": 3, "seed": 7}
+    assert run(capsys, "demo", "--dtype", "bfloat16")[0] == 0
+    assert calls[-1]["dtype"] == "bfloat16"
+    assert_usage_error(*run(capsys, "demo", "--problem", "binary", "--dtype", "float32"),
+                       "--dtype apply to the model demo")
 
 
 def test_model_demo_load_error(capsys, monkeypatch):

@@ -120,6 +120,7 @@ def run_model_demo(
     seed: int = 0,
     out: TextIO | None = None,
     bits_n: int | None = None,
+    dtype: str = "auto",
 ) -> None:
     """On a real model: the paper's Figure 3 (what unconstrained decoding, CD and AdapTrack
     write after ``return tf`` when only TF 2 names are valid; ``n`` samples each) and the
@@ -129,7 +130,7 @@ def run_model_demo(
     from .lm.load import load_model
 
     started = time.perf_counter()
-    lm = load_model(model, backend=backend, device=device)
+    lm = load_model(model, backend=backend, device=device, dtype=dtype)
     name = getattr(lm, "name", model) or "the default model"
     print(f"model: {name} ({type(lm).__name__}, loaded in "
           f"{time.perf_counter() - started:.1f} s)\n", file=out)

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from .. import testing
-from ..lm.load import BACKENDS, DEVICES
+from ..lm.load import BACKENDS, DEVICES, DTYPES
 from .common import UsageError, non_negative_int, positive_int
 
 HELP = "compare CD, ASAp, AdapTrack and exact sampling"
@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model for the model demo (default: the default model)")
     parser.add_argument("--backend", choices=BACKENDS, help="backend for the model demo")
     parser.add_argument("--device", choices=DEVICES, help="device for the model demo")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="weight precision for the model demo, transformers only "
+                             "(default: auto: float16 on CUDA, float32 on a CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,13 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from .. import demo
 
     if args.problem is not None:
-        given = [f"--{k}" for k in ("model", "backend", "device") if getattr(args, k)]
+        given = [f"--{k}" for k in ("model", "backend", "device", "dtype") if getattr(args, k)]
         if given:
             raise UsageError(f"{', '.join(given)} apply to the model demo (without --problem)")
         # out= explicitly: demo's default is bound to the sys.stdout of import time
         demo.run_demo(args.problem, args.samples or 2000, args.seed, out=sys.stdout)
         return 0
     demo.run_model_demo(model=args.model, backend=args.backend or "auto",
-                        device=args.device or "auto", n=args.samples or 10, seed=args.seed,
-                        out=sys.stdout)
+                        device=args.device or "auto", dtype=args.dtype or "auto",
+                        n=args.samples or 10, seed=args.seed, out=sys.stdout)
     return 0
