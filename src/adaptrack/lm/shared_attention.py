@@ -50,13 +50,20 @@ class Shared:
 def start_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
     """``layer.lazy_initialization`` across transformers releases (before 4.57 it takes the
     keys only), then ``keys`` and ``values`` as the layer's tensors."""
-    import inspect
-
-    if len(inspect.signature(layer.lazy_initialization).parameters) >= 2:
+    if _takes_values(type(layer)):
         layer.lazy_initialization(keys, values)
     else:
         layer.lazy_initialization(keys)
     layer.keys, layer.values = keys, values
+
+
+@cache
+def _takes_values(layer_type: Any) -> bool:
+    """Whether ``layer_type.lazy_initialization`` takes the values too (asked once per type:
+    every layer of every pass starts here)."""
+    import inspect
+
+    return len(inspect.signature(layer_type.lazy_initialization).parameters) >= 3  # self too
 
 
 @cache
@@ -97,6 +104,13 @@ def shared_layer(shared: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
     return layer
 
 
+@cache
+def _sdpa() -> Any:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
 def all_attended(cache: Any) -> bool:
     """Whether every shared layer of ``cache`` reached :func:`attention` with its tag; if
     not, the pass attended to the rows' own positions only and must be run again with
@@ -111,8 +125,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     ``[B, KV, L, D]``, output ``[B, q, H, D]``); keys tagged by :func:`shared_layer` also
     attend to the shared positions in front of ``key``. Scores and their softmax are
     computed in float32 whatever the model's precision."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    sdpa_attention_forward = _sdpa()
     shared: Shared | None = getattr(key, _TAG, None)
     if shared is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,

@@ -140,7 +140,7 @@ class Exact(Method):
                     counter += 1
                 continue
             ranks, exp = order[id(node)], expansions[id(node)]
-            child = tree.child(node, int(exp.ids[ranks[k]]))
+            child = self._child(node, k, order, expansions)
             heapq.heappush(heap, (-child.logprob, counter, child, -1))
             counter += 1
             if k + 1 < len(ranks):
@@ -164,10 +164,15 @@ class Exact(Method):
             if k >= 0:
                 if not room:
                     continue
-                node = self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
+                node = self._child(node, k, order, expansions)
             if not node.complete and node.expansion is None:
                 ahead.append(node)
         return ahead
+
+    def _child(self, node: Node, k: int, order: dict[int, list[int]],
+               expansions: dict[int, Expansion]) -> Node:
+        """``node``'s k-th most probable valid child."""
+        return self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
 
 
 #: Prefixes the greedy search expands along with the one it needs (a sequential search's
