@@ -50,7 +50,7 @@ class Shared:
 def start_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
     """``layer.lazy_initialization`` across transformers releases (before 4.57 it takes the
     keys only), then ``keys`` and ``values`` as the layer's tensors."""
-    if _takes_values(type(layer)):
+    if _takes_values(layer.__class__):
         layer.lazy_initialization(keys, values)
     else:
         layer.lazy_initialization(keys)
