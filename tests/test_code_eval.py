@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,13 @@ def test_stop_cut_and_parse():
     assert cut_at_stop("    return 1", STOP) == "    return 1"
     assert codetask.parses(PROBLEM, "    return x")
     assert not codetask.parses(PROBLEM, "    return x +")
+
+
+def test_parse_check_is_silent_about_the_programs_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert codetask.parses(PROBLEM, '    return "\\d" if 1else 0')
+    assert caught == []
 
 
 def test_toy_run_end_to_end(tmp_path):

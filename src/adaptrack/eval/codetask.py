@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,7 +77,11 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
 def parses(problem: CodeProblem, completion: str) -> bool:
     """Whether ``prefix + completion`` is a Python program (:func:`ast.parse`)."""
     try:
-        ast.parse(problem.prefix + completion)
+        # A SyntaxWarning (``"\\d"``, ``1if``) is about the untrusted program, not the harness:
+        # printed, it would interleave with the progress bar.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ast.parse(problem.prefix + completion)
     except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
         return False
     return True
