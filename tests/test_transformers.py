@@ -577,3 +577,49 @@ def test_a_dtype_sends_a_gguf_to_transformers_under_auto(tmp_path, monkeypatch):
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     at.load_model(tmp_path / "m.gguf", dtype="bfloat16")
     assert calls and calls[0][3] == "bfloat16"
+
+
+
+class _Saved:
+    """Stands in for a converted tokenizer or model: save_pretrained writes one file."""
+
+    def __init__(self, name):
+        self.name = name
+        self.config = transformers.LlamaConfig()
+
+    def save_pretrained(self, where):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / self.name).write_text("{}")
+
+
+@pytest.mark.parametrize("other_finished", [True, False])
+def test_a_conversion_that_another_worker_finished_first_is_used(tmp_path, monkeypatch,
+                                                                 other_finished):
+    """Eval workers load the default model together: on a fresh cache each converts the
+    GGUF, and the later renames find the directory taken. A finished one is used; a
+    directory that is no conversion is an error. No temporary copy is left either way."""
+    from adaptrack.lm import load
+
+    monkeypatch.setenv("ADAPTRACK_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: _Saved("tokenizer.json"))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: _Saved("config.json"))
+    real_publish = load._publish
+
+    def another_worker_first(tmp, out):
+        out.mkdir()
+        (out / ("config.json" if other_finished else "partial")).write_text("{}")
+        real_publish(tmp, out)
+
+    monkeypatch.setattr(load, "_publish", another_worker_first)
+    if other_finished:
+        out = load._converted_gguf(gguf)
+        assert (out / "config.json").exists() and not (out / "tokenizer.json").exists()
+    else:
+        with pytest.raises(OSError, match="not empty"):
+            load._converted_gguf(gguf)
+    converted = tmp_path / "cache" / "converted"
+    assert [p.name for p in converted.iterdir() if ".tmp" in p.name] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -240,11 +241,30 @@ def _converted_gguf(path: Path) -> Path:
             f"transformers could not load {path}: {type(err).__name__}: {_one_line(err)}"
         ) from None
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tokenizer.save_pretrained(tmp)
-    # The de-quantized model is plain float32; drop the GGUF marker so it can be saved.
-    model.hf_quantizer = None  # type: ignore[assignment]
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp)
-    tmp.replace(out)
+    try:
+        tokenizer.save_pretrained(tmp)
+        # The de-quantized model is plain float32; drop the GGUF marker so it can be saved.
+        model.hf_quantizer = None  # type: ignore[assignment]
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        _publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` directory to ``out``.
+
+    Eval workers load the model at the same time, so on a fresh cache several may convert
+    it at once: the first rename wins, and a later one finds ``out`` taken (a non-empty
+    directory cannot be replaced). Both conversions hold the same files, so the loser's
+    copy is dropped by the caller. Raises the rename's ``OSError`` when ``out`` exists
+    but is no finished conversion.
+    """
+    try:
+        tmp.replace(out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
