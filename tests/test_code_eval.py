@@ -76,7 +76,7 @@ def test_parse_check_is_silent_about_the_programs_warnings():
     assert caught == []
 
 
-def test_toy_run_end_to_end(tmp_path):
+def test_toy_run_end_to_end(tmp_path, capsys):
     out = tmp_path / "toy.jsonl"
     task = ToyTask(methods=("unconstrained", "cd"), n=8, constraint=no_y, seed=1)
     records = {r["method"]: r for r in runner.run(task, out)}
@@ -106,6 +106,10 @@ def test_toy_run_end_to_end(tmp_path):
     assert s["cells"]["cd"]["names"] == 1.0
     text = report(out)
     assert "| Constrained decoding | 100.00% |" in text and "name check" in text
+    # Code results have no plots: asking for them says so and writes nothing.
+    assert report(out, plots=tmp_path / "plots") == text
+    assert "--plots is ignored" in capsys.readouterr().err
+    assert not (tmp_path / "plots").exists()
     # Resuming runs nothing again.
     seen: list[tuple[int, int]] = []
     again = runner.run(task, out, on_start=lambda done, todo: seen.append((done, todo)))

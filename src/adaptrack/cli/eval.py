@@ -1,5 +1,5 @@
-"""``adaptrack eval``: run an evaluation of the paper (TFv1, binary) into a resumable JSONL
-results file."""
+"""``adaptrack eval``: run an evaluation of the paper (TFv1, TFv1Real, binary, HumanEval,
+MBPP) into a resumable JSONL results file."""
 
 from __future__ import annotations
 

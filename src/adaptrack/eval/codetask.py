@@ -89,7 +89,8 @@ def parses(problem: CodeProblem, completion: str) -> bool:
 
 def python_constraint(prefix: str, stop: tuple[str, ...]) -> Constraint:
     """The python constraint for a completion of ``prefix``: every name it uses must be
-    defined (``names=True``), no module beyond the standard ones (``modules=None``).
+    defined (``names=True``), and attribute chains of the standard library's modules and of
+    those ``prefix`` imports must exist (``modules=None``; other modules' are not checked).
     :class:`~adaptrack.errors.AdaptrackError` when this installation has none."""
     make = getattr(constraints, "python", None)
     if make is None:

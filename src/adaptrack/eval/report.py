@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,9 @@ def report(path: str | os.PathLike[str], plots: str | os.PathLike[str] | None = 
     if kind == "binary":
         return binary_report(header, records, plots)
     if kind in CODE_TASKS:
+        if plots is not None:
+            print(f"adaptrack report: {kind} results have no plots; --plots is ignored",
+                  file=sys.stderr)
         return code_report(header, records)
     raise AdaptrackError(f"{path}: unknown task {kind!r} in the header (tfv1, tfv1real, binary, "
                          f"{', '.join(CODE_TASKS)})")
@@ -480,7 +484,9 @@ def code_report(header: dict[str, Any], records: list[Record]) -> str:
               "Parse: samples whose program up to the completion parses; name check: samples "
               "the python constraint (names=True) accepts as a whole program (a completion "
               "cut at max_new_tokens is not one); fail / timeout / error: how the other "
-              "samples ended in the sandbox.", "", *_table(columns, rows)]
+              "samples ended in the sandbox; s/problem: seconds from a problem's start until "
+              "the method's last sample (a problem's methods share one engine, so their "
+              "times overlap).", "", *_table(columns, rows)]
     return "\n".join(lines)
 
 
