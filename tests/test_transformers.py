@@ -579,7 +579,6 @@ def test_a_dtype_sends_a_gguf_to_transformers_under_auto(tmp_path, monkeypatch):
     assert calls and calls[0][3] == "bfloat16"
 
 
-
 class _Saved:
     """Stands in for a converted tokenizer or model: save_pretrained writes one file."""
 

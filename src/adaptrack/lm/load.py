@@ -225,7 +225,7 @@ def _converted_gguf(path: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     out = cache_dir() / "converted" / f"{path.stem}-{key.hexdigest()[:12]}"
-    if (out / "config.json").exists():
+    if _finished(out):
         return out
     import transformers
 
@@ -254,6 +254,12 @@ def _converted_gguf(path: Path) -> Path:
     return out
 
 
+def _finished(out: Path) -> bool:
+    """Whether ``out`` holds a finished conversion: it appears only by renaming a whole
+    finished directory, so its model config is there or nothing is."""
+    return (out / "config.json").exists()
+
+
 def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished ``tmp`` directory to ``out``.
 
@@ -266,5 +272,5 @@ def _publish(tmp: Path, out: Path) -> None:
     try:
         tmp.replace(out)
     except OSError:
-        if not (out / "config.json").exists():
+        if not _finished(out):
             raise
