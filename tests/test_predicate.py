@@ -33,11 +33,12 @@ def as_predicate(strings: list[bytes], terminators: bytes = b"", **kw) -> at.con
 def test_predicate_matches_choice_distribution(name: str, top_p: float) -> None:
     lm, c, max_new = PROBLEMS[name]()
     oracle = as_predicate(c.strings, c.terminators)
-    # A predicate reports no forced bytes: compare without fast-forward's conditioning.
+    # A predicate reports no forced bytes: compare without fast-forward's conditioning; and
+    # only EOS ends its texts (a lazy matcher has no mask to tell which tokens leave them).
     want = at.exact_distribution(lm, [], c, max_new_tokens=max_new, top_p=top_p,
-                                 fast_forward=False)
+                                 fast_forward=False, end="eos")
     got = at.exact_distribution(lm, [], oracle, max_new_tokens=max_new, top_p=top_p,
-                                fast_forward=False)
+                                fast_forward=False, end="eos")
     assert got.keys() == want.keys()
     for seq, p in want.items():
         assert got[seq] == pytest.approx(p, abs=1e-12)
@@ -48,7 +49,8 @@ def test_predicate_samples_like_choice(method: str) -> None:
     """Same tree facts, same random streams: identical samples to the eager constraint."""
     lm, c, max_new = api_names()
     oracle = as_predicate(c.strings, c.terminators)
-    kw = dict(method=method, n=30, seed=3, max_new_tokens=max_new, fast_forward=False)
+    kw = dict(method=method, n=30, seed=3, max_new_tokens=max_new, fast_forward=False,
+              end="eos")
     want = at.generate(lm, [], c, **kw)
     got = at.generate(lm, [], oracle, **kw)
     assert got.texts == want.texts
@@ -248,9 +250,12 @@ def test_all_of_is_the_intersection(name: str) -> None:
     half = choice(keep, terminators=c.terminators or None)
     # Forced bytes depend on how a constraint is written, not only on its language, so
     # compare without fast-forward.
-    want = at.exact_distribution(lm, [], half, max_new_tokens=max_new, fast_forward=False)
+    # end="eos": with a predicate part, all_of is lazy, and only EOS ends a lazy text.
+    want = at.exact_distribution(lm, [], half, max_new_tokens=max_new, fast_forward=False,
+                                 end="eos")
     for both in (all_of(c, half), all_of(half, c), all_of(c, as_predicate(keep, c.terminators))):
-        got = at.exact_distribution(lm, [], both, max_new_tokens=max_new, fast_forward=False)
+        got = at.exact_distribution(lm, [], both, max_new_tokens=max_new, fast_forward=False,
+                                    end="eos")
         assert got.keys() == want.keys()
         for seq, p in want.items():
             assert got[seq] == pytest.approx(p, abs=1e-12)

@@ -471,6 +471,9 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "response_format": {"type": "xml"}}, 400, "response_format", "json"),
     ({"prompt": "x", "decoding_method": "cd", "share_q": True}, 400, "share_q", "adaptrack"),
     ({"prompt": "x", "max_backtrack": -1}, 400, "max_backtrack", "between 0"),
+    ({"prompt": "x", "end": "stop"}, 400, "end", "leave, eos"),
+    ({"prompt": "x", "fallback": None}, 400, "fallback", "'cd' or 'none'"),
+    ({"prompt": "x", "max_seconds": 0}, 400, "max_seconds", "(0, inf]"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
     ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 422, "guided_regex",
      "max_new_tokens=8"),
@@ -609,6 +612,34 @@ def test_a_request_past_the_timeout_is_504_and_the_engine_goes_on():
         gate.delay = 0
         r = client(url).completions.create(model="toy", prompt="short", max_tokens=2)
         assert len(r.choices) == 1
+
+
+def test_a_search_past_its_budget_is_answered_by_the_cd_fallback_and_says_so(toy):
+    url, _, _ = toy
+    body = {"prompt": "x", "n": 2, "max_tokens": 8, "seed": 0, "guided_regex": "[a-z]{2,4}",
+            "decoding_method": "exact", "max_seconds": 1e-6}
+    status, out = post(url, "/v1/completions", body)
+    assert status == 200, out
+    assert out["adaptrack"]["fallback_choices"] == [0, 1]
+    assert "max_seconds" in out["adaptrack"]["fallback"]
+    assert all(re.fullmatch("[a-z]{2,4}", c["text"]) for c in out["choices"])
+    status, out = post(url, "/v1/completions", {**body, "fallback": "none"})
+    assert status == 504 and out["error"]["code"] == "timeout"
+    status, out = post(url, "/v1/completions", {**body, "max_seconds": 60})
+    assert status == 200 and out["adaptrack"]["fallback_choices"] == []
+    assert out["adaptrack"]["fallback"] is None
+
+
+def test_the_end_policy_is_part_of_the_request(toy):
+    url, lm, _ = toy
+    body = {"prompt": "q", "n": 3, "max_tokens": 6, "seed": 0, "guided_regex": "[a-c]{1,4}",
+            "decoding_method": "exact"}
+    for end in ("leave", "eos"):
+        status, out = post(url, "/v1/completions", {**body, "end": end})
+        assert status == 200, out
+        want = at.generate(lm, "q", at.constraints.regex("[a-c]{1,4}"), method="exact", n=3,
+                           seed=0, max_new_tokens=6, end=end)
+        assert [c["text"] for c in out["choices"]] == want.texts
 
 
 def test_a_request_that_expires_in_the_queue_is_504_and_counted_as_cancelled():

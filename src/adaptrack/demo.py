@@ -190,7 +190,7 @@ def five_bits(lm: LanguageModel, n: int = BITS_SAMPLES, seed: int = 0,
     constraint = binary.constraint()
     started = time.perf_counter()
     _progress("five bits: exact target…")
-    target = exact_distribution(lm, binary.PROMPT, constraint,
+    target = exact_distribution(lm, binary.PROMPT, constraint, end="eos",
                                 max_new_tokens=binary.MAX_NEW_TOKENS)
     target_seconds = time.perf_counter() - started
     decode = lm.vocab.decode
@@ -209,7 +209,7 @@ def five_bits(lm: LanguageModel, n: int = BITS_SAMPLES, seed: int = 0,
         label = method + (" (share_q)" if options else "")
         _progress(f"five bits: {label}…")
         res = generate(lm, binary.PROMPT, constraint, method=method, n=n, seed=seed,
-                       max_new_tokens=binary.MAX_NEW_TOKENS, **options)
+                       max_new_tokens=binary.MAX_NEW_TOKENS, end="eos", **options)
         drawn = [s for s in res.samples if s.complete]
         seen = Counter(s.tokens for s in drawn)
         kl = metrics.kl_divergence(seen, target) if seen else math.inf

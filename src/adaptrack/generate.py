@@ -22,7 +22,7 @@ from .sampling.engine import Engine, Request
 from .sampling.enumerate import enumerate_tree
 from .sampling.exact import Exact
 from .sampling.fastforward import FastForward
-from .sampling.tree import Node, PrefixTree
+from .sampling.tree import END_POLICIES, Node, PrefixTree
 from .sampling.unconstrained import Unconstrained
 
 METHODS: dict[str, type[Method]] = {
@@ -36,6 +36,10 @@ METHODS: dict[str, type[Method]] = {
 #: Methods that sample the target conditioned on ending within ``max_new_tokens``: without a
 #: constraint they search for free text that stops that early (docs/design.md §2, §6).
 SEARCHES = ("asap", "adaptrack", "exact")
+
+#: What draws a search's missing samples once it runs past a budget (docs/design.md §6):
+#: ``"cd"``, or None to raise the budget's :class:`~adaptrack.SearchLimitError`.
+FALLBACKS = ("cd", None)
 
 #: Walks in flight over one shared Q with ``parallel=True`` (the default of ``exact``): a
 #: fixed number, not ``batch_size``, so that the batch size changes no sample.
@@ -53,6 +57,11 @@ class FreeTextWarning(UserWarning):
     when the model rarely stops that early; ``method="unconstrained"`` is for free text."""
 
 
+class SearchFallbackWarning(UserWarning):
+    """A search ran past a budget and CD drew its missing samples (``fallback="cd"``):
+    those samples follow CD's distribution, not the method's (``Sample.fallback``)."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One generated sequence.
@@ -65,7 +74,9 @@ class Sample:
     for complete samples of the constrained methods); ``logprob``: log P(tokens | prompt)
     under the model at the sampling temperature (T = 1 when ``temperature=0``);
     ``lm_requests``: prefixes whose next-token distribution this sample used, cache hits
-    included (the AdapTrack paper's "calls to LM per sample", Table 5).
+    included (the AdapTrack paper's "calls to LM per sample", Table 5); ``fallback``: the
+    search ran past a budget before this sample was drawn, so the fallback drew it (CD's
+    distribution, not the method's; docs/design.md §6).
     """
 
     tokens: tuple[int, ...]
@@ -74,6 +85,7 @@ class Sample:
     valid: bool
     logprob: float
     lm_requests: int
+    fallback: bool = False
 
 
 @dataclass
@@ -84,11 +96,14 @@ class GenerationResult:
     ``forced_tokens`` (the tokens fed in them; ``cd`` and ``asap`` feed a chain from its
     head, ``adaptrack`` and ``exact`` only once a walk steps into it, so the
     head is then a call of its own and the chain starts after the first forced token),
-    ``seconds``, ``prompt_tokens`` (after any truncation) and the constraint's own
-    counters (a predicate adds ``checks``, ``check_timeouts`` and ``check_seconds``)."""
+    ``seconds``, ``prompt_tokens`` (after any truncation), ``fallback_samples`` (samples
+    the fallback drew) and the constraint's own counters (a predicate adds ``checks``,
+    ``check_timeouts`` and ``check_seconds``). ``fallback``: the message of the budget the
+    search ran past, when the fallback drew some samples (else None)."""
 
     samples: list[Sample]
     stats: dict[str, float] = field(default_factory=dict)
+    fallback: str | None = None
 
     @property
     def texts(self) -> list[str]:
@@ -213,6 +228,13 @@ def _require_room(matcher: Matcher, max_new_tokens: int) -> None:
         )
 
 
+def _end(end: Any) -> str:
+    if not isinstance(end, str) or end not in END_POLICIES:
+        raise ValueError(f"end must be one of {', '.join(map(repr, END_POLICIES))} (where an "
+                         f"accepted text ends: docs/design.md §2), got {end!r}")
+    return end
+
+
 def _fast_forward(option: bool | FastForward, forces: bool) -> FastForward | None:
     """The options for a tree; ``force=None`` becomes ``forces`` (the method's choice)."""
     if not isinstance(option, bool | FastForward):
@@ -258,7 +280,8 @@ class _Call:
                  max_nodes: int = 100_000, max_cache_bytes: int = 1 << 30,
                  max_opened_bytes: int = 1 << 30, max_seconds: float | None = MAX_SECONDS,
                  truncate_prompt: bool = False, allow_truncated: bool = False,
-                 parallel: bool | int | None = None,
+                 parallel: bool | int | None = None, end: str = "leave",
+                 fallback: str | None = "cd",
                  on_sample: Callable[[Sample], None] | None = None,
                  started: float | None = None) -> None:
         if not isinstance(method, str) or method not in METHODS:
@@ -284,6 +307,12 @@ class _Call:
         if not 0 <= mbp <= 1:
             raise ValueError(f"min_backtrack_prob must be in [0, 1], got {min_backtrack_prob}")
         seconds = _check_seconds(max_seconds)
+        _end(end)
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be 'cd' or None (raise SearchLimitError), got "
+                             f"{fallback!r}")
+        self.fallback = fallback if method in SEARCHES else None
+        self.request: Request | None = None
         ff = _fast_forward(fast_forward, METHODS[method].forces_chains)
         if on_sample is not None and not callable(on_sample):
             raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
@@ -311,7 +340,8 @@ class _Call:
                                max_opened_bytes=max_opened_bytes, max_seconds=seconds,
                                restrict_length=not unconstrained,
                                allow_truncated=allow_truncated,
-                               fast_forward=None if unconstrained else ff)
+                               fast_forward=None if unconstrained else ff,
+                               end="eos" if unconstrained else end)
         self.sampler: Method
         if method == "adaptrack":
             self.sampler = AdapTrack(self.tree, temperature == 0, share_q=share_q,
@@ -330,13 +360,20 @@ class _Call:
             width = 1
         else:  # a fixed width, not batch_size: the walks in flight decide the samples
             width = PARALLEL_WALKS if isinstance(parallel, bool | None) else int(parallel)
-        return engine.submit(sampler, self.n, self.seed, self.done, width=width)
+        fallback = None
+        if self.fallback == "cd":
+            def fallback() -> Method:
+                return ConstrainedDecoding(self.tree, self.sampler.greedy)
+        self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
+                                     fallback=fallback, fallback_width=batch_size)
+        return self.request
 
     def done(self, i: int, node: Node, requests: int) -> None:
         complete = node.complete and not node.truncated
         valid = complete and (not self.unconstrained or self.matcher.accepts(node.tokens))
+        fell = self.request is not None and i in self.request.fallen
         self.samples[i] = sample = Sample(node.tokens, _text(self.matcher, self.lm, node),
-                                          complete, valid, node.logprob, requests)
+                                          complete, valid, node.logprob, requests, fell)
         self.left -= 1
         if not self.left:  # other prompts of the call may still run: this one's time ends
             self.finished = time.perf_counter()
@@ -356,10 +393,13 @@ class _Call:
             "ff_sequences": tree.ff_sequences,
             "forced_tokens": tree.forced_tokens,
             "prompt_tokens": len(self.ids),
+            "fallback_samples": sum(s.fallback for s in finished),
             "seconds": (self.finished or time.perf_counter()) - self.started,
             **self.matcher.stats(),
         }
-        return GenerationResult(finished, stats)
+        req = self.request
+        why = None if req is None or req.fell_back is None else str(req.fell_back)
+        return GenerationResult(finished, stats, why)
 
     def outcome(self, req: Request) -> GenerationResult | BaseException:
         """The result, or the request's error carrying the finished samples."""
@@ -380,10 +420,11 @@ class _Call:
         the tree already holds. ``result()``'s tree counters then include the earlier
         calls'."""
         own = self.tree
-        if (tree.allow_truncated, tree.restrict_length) != (own.allow_truncated,
-                                                            own.restrict_length):
+        if (tree.allow_truncated, tree.restrict_length, tree.leave) != (
+                own.allow_truncated, own.restrict_length, own.leave):
             raise ValueError("use_tree: the tree was built with another length rule "
-                             "(allow_truncated, or another method's); build a new one")
+                             "(allow_truncated, or another method's) or end policy; build a "
+                             "new one")
         tree.started, tree.max_seconds = own.started, own.max_seconds
         tree.max_nodes = tree.num_nodes + own.max_nodes
         tree.max_opened_bytes = tree.opened_bytes + own.max_opened_bytes
@@ -428,6 +469,8 @@ def generate(
     batch_size: int = 32,
     max_batch_tokens: int | None = 1024,
     parallel: bool | int | None = None,
+    end: str = "leave",
+    fallback: str | None = "cd",
     on_sample: Callable[[Sample], None] | None = None,
 ) -> Any:
     """Draw ``n`` samples of a continuation of ``prompt`` that satisfies ``constraint``.
@@ -468,6 +511,15 @@ def generate(
     tokens (docs/design.md §2). ``FastForward(force=True)`` or ``force=False`` chooses for
     every method.
 
+    ``end``: where a text the constraint accepts ends (docs/design.md §2). ``"leave"`` (the
+    default): where the model's next token cannot continue it, EOS or any token the
+    constraint rejects there, the way a reader of unconstrained output would cut it; the
+    target is P(s) · P(leave | s) over accepted texts s, and the token that left is
+    reported as EOS. ``"eos"``: only where the model emits EOS, the AdapTrack paper's
+    target (its RQ4 studies use it); after a prompt that does not make the model stop,
+    every complete text then has a tiny weight and the searches take long. ``unconstrained``
+    ignores it.
+
     ``allow_truncated``: by default ``max_new_tokens`` is part of the constraint (a prefix
     that cannot end within it is invalid), so the searching methods sample text that ends
     in time, and search long when the model rarely ends that early. With
@@ -491,6 +543,14 @@ def generate(
     (:class:`FreeTextWarning`): they sample text that ends within ``max_new_tokens``;
     ``method="unconstrained"`` is for free text.
 
+    ``fallback`` (docs/design.md §6): when ``asap``, ``adaptrack`` or ``exact`` runs past
+    ``max_nodes``, ``max_opened_bytes`` or ``max_seconds``, ``"cd"`` (the default) draws
+    the samples still missing by CD over the same tree, each from its own random stream;
+    they are marked ``Sample.fallback`` (CD's distribution, not the method's), counted in
+    ``stats["fallback_samples"]``, the result's ``fallback`` names the budget, and
+    ``generate`` warns (:class:`SearchFallbackWarning`). ``None`` raises the budget's
+    :class:`~adaptrack.SearchLimitError` instead, as below.
+
     An :class:`~adaptrack.AdaptrackError` raised while sampling carries the samples that
     finished before it: ``err.partial`` is a :class:`GenerationResult` of them (in sample
     order, possibly none) with the stats so far. With a list of prompts, a failing prompt
@@ -503,14 +563,19 @@ def generate(
     >>> bits = at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])
     >>> res = at.generate(lm, [], bits, method="exact", n=3, seed=0)
     >>> [s.text for s in res.samples]
-    ['11110', '11110', '10101']
+    ['10110', '11110', '11000']
     >>> all(s.valid for s in res.samples)
     True
     >>> try:
-    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=30)
+    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20, fallback=None)
     ... except at.TreeLimitError as err:
     ...     [s.text for s in err.partial.samples]    # what finished before the limit
-    ['11110']
+    ['10110', '11110']
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as said:   # the default: CD draws the third
+    ...     res = at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20)
+    >>> [(s.text, s.fallback) for s in res.samples], said[0].category.__name__
+    ([('10110', False), ('11110', False), ('10110', True)], 'SearchFallbackWarning')
     >>> [r.texts for r in at.generate(lm, [[], [0]], bits, method="cd", n=2, seed=0)]
     [['10100', '10101'], ['10100', '10101']]
     """
@@ -522,9 +587,15 @@ def generate(
                    min_backtrack_prob=min_backtrack_prob, max_nodes=max_nodes,
                    max_cache_bytes=max_cache_bytes, max_opened_bytes=max_opened_bytes,
                    max_seconds=max_seconds, truncate_prompt=truncate_prompt,
-                   allow_truncated=allow_truncated, parallel=parallel, on_sample=on_sample)
+                   allow_truncated=allow_truncated, parallel=parallel, end=end,
+                   fallback=fallback, on_sample=on_sample)
     outcomes = _serve(lm, [{"prompt": p, **options} for p in prompts], batch_size,
                       max_batch_tokens, up_front=True)
+    for out in outcomes:
+        if isinstance(out, GenerationResult) and out.fallback is not None:
+            warnings.warn(SearchFallbackWarning(
+                f"method={method!r}: {out.stats['fallback_samples']:g} of {n} samples drawn by "
+                f"CD (not {method}'s distribution) after {out.fallback}"), stacklevel=2)
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     if failed:
         if many:
@@ -550,7 +621,8 @@ def generate_each(
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
     >>> bits = at.constraints.choice(["00000", "11111"])
     >>> out = generate_each(lm, [dict(prompt=[], constraint=bits, temperature=0),
-    ...                          dict(prompt=[], constraint=bits, n=3, seed=0, max_nodes=2)])
+    ...                          dict(prompt=[], constraint=bits, n=3, seed=0, max_nodes=2,
+    ...                               fallback=None)])
     >>> out[0].texts, type(out[1]).__name__
     (['00000'], 'TreeLimitError')
     """
@@ -639,6 +711,7 @@ def exact_distribution(
     max_seconds: float | None = MAX_SECONDS,
     fast_forward: bool | FastForward = True,
     allow_truncated: bool = False,
+    end: str = "leave",
 ) -> dict[tuple[int, ...], float]:
     """The target P(s | c) ∝ P(s)·c(s) by enumeration: {token tuple: probability}.
 
@@ -647,7 +720,8 @@ def exact_distribution(
     ``fast_forward`` as in :func:`generate`: by default chains are only prefilled, so the
     target is the one without fast-forward (the distribution ``asap``, ``adaptrack`` and
     ``exact`` sample); ``FastForward(force=True)`` conditions it on forced bytes being
-    tokenized canonically.
+    tokenized canonically. ``end`` as in :func:`generate`: with ``"leave"`` a sequence's
+    last token is EOS standing for every token that leaves the accepted text.
     Raises ``TreeLimitError`` when enumeration needs more than ``max_nodes`` prefixes,
     ``SearchTimeoutError`` past ``max_seconds``, ``PromptTooLongError`` when the prompt and
     ``max_new_tokens`` exceed the model's context, and ``NoValidSequenceError`` when no
@@ -665,6 +739,7 @@ def exact_distribution(
     if temperature == 0:
         raise ValueError("exact_distribution needs temperature > 0, got 0")
     seconds = _check_seconds(max_seconds)
+    _end(end)
     ff = _fast_forward(fast_forward, False)  # the target asap, adaptrack and exact sample
     ids = _fit_prompt(lm, _prompt_ids(lm, prompt), max_new_tokens, False)
     matcher = _bind(constraint, lm)
@@ -672,7 +747,8 @@ def exact_distribution(
         _require_room(matcher, max_new_tokens)
     tree = PrefixTree(lm, ids, matcher, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                      max_seconds=seconds, fast_forward=ff, allow_truncated=allow_truncated)
+                      max_seconds=seconds, fast_forward=ff, allow_truncated=allow_truncated,
+                      end=end)
     dist = enumerate_tree(tree)
     if not dist:
         raise NoValidSequenceError(

@@ -82,8 +82,17 @@ def length_bound() -> Problem:
     return lm, constraints.choice(["aaaa", "aab", "b", "aaaab", "ba"]), 3
 
 
+def ends_or_goes_on() -> Problem:
+    """Where a text ends (docs/design.md §2): every run of one to three ``a`` may end or go on
+    (to more ``a`` or one ``b``); under ``end="leave"`` the token ``c`` leaves an accepted
+    text, and ``ba`` crosses its end (``b`` continues it, the ``a`` after it cannot): invalid
+    in the whole-token version of the policy."""
+    lm = TableLM([b"a", b"b", b"ab", b"ba", b"c", b"<eos>"], hashed_weights(6, b"leave"), eos=5)
+    return lm, constraints.choice(["a", "aa", "aaa", "ab", "aab", "aaab"]), 4
+
+
 PROBLEMS = {"binary": binary, "no_ab": no_ab, "api_names": api_names,
-            "length_bound": length_bound}
+            "length_bound": length_bound, "ends_or_goes_on": ends_or_goes_on}
 
 
 # --- the matcher contract ------------------------------------------------------------------

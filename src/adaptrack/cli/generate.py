@@ -13,11 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..errors import AdaptrackError, PromptTooLongError, SearchTimeoutError
-from ..generate import MAX_SECONDS, METHODS, GenerationResult, Sample, generate
+from ..generate import (
+    END_POLICIES,
+    MAX_SECONDS,
+    METHODS,
+    GenerationResult,
+    Sample,
+    SearchFallbackWarning,
+    generate,
+)
 from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
 from .common import (
     UsageError,
@@ -78,6 +87,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"time budget of the search in seconds, 'inf' for none "
                              f"(default: {MAX_SECONDS:g}); past it the command stops with an "
                              "error after printing the finished samples")
+    parser.add_argument("--end", choices=END_POLICIES, default="leave",
+                        help="where a text the constraint accepts ends: 'leave', where the "
+                             "model's next token cannot continue it (EOS or any token the "
+                             "constraint rejects); 'eos', only at EOS, the AdapTrack paper's "
+                             "target (default: leave)")
+    parser.add_argument("--fallback", choices=("cd", "none"), default="cd",
+                        help="when a search (asap, adaptrack, exact) runs past a budget: 'cd' "
+                             "draws the missing samples by CD, marked 'fallback' (not the "
+                             "method's distribution); 'none' stops with an error after "
+                             "printing the finished samples (default: cd)")
     parser.add_argument("--no-fast-forward", action="store_true",
                         help="feed bytes the constraint forces token by token instead of as "
                              "their canonical tokens in one model call")
@@ -105,11 +124,15 @@ def run(args: argparse.Namespace) -> int:
     model = str(getattr(lm, "name", None) or args.model or "default")
     on_sample, close = _progress(args.n)
     try:
-        res = generate(lm, prompt, constraint, method=args.method, n=args.n,
-                       temperature=args.temperature, top_p=args.top_p,
-                       max_new_tokens=args.max_new_tokens, seed=args.seed,
-                       share_q=args.share_q, on_sample=on_sample,
-                       fast_forward=not args.no_fast_forward, **budget)
+        with warnings.catch_warnings():  # the result printed says what the fallback drew
+            warnings.simplefilter("ignore", SearchFallbackWarning)
+            res = generate(lm, prompt, constraint, method=args.method, n=args.n,
+                           temperature=args.temperature, top_p=args.top_p,
+                           max_new_tokens=args.max_new_tokens, seed=args.seed,
+                           share_q=args.share_q, on_sample=on_sample,
+                           fast_forward=not args.no_fast_forward, end=args.end,
+                           fallback=None if args.fallback == "none" else args.fallback,
+                           **budget)
     except AdaptrackError as err:
         message = one_line(err) + _options_hint(err)
         partial = getattr(err, "partial", None)
@@ -169,13 +192,16 @@ def print_result(res: GenerationResult, model: str, method: str, as_json: bool,
             "samples": [
                 {"text": s.text, "tokens": [int(t) for t in s.tokens],
                  "complete": bool(s.complete), "valid": bool(s.valid),
-                 "logprob": number(s.logprob), "lm_requests": int(s.lm_requests)}
+                 "logprob": number(s.logprob), "lm_requests": int(s.lm_requests),
+                 "fallback": bool(s.fallback)}
                 for s in res.samples
             ],
             "stats": {k: number(v) for k, v in res.stats.items()},
             "model": model,
             "method": method,
         }
+        if res.fallback is not None:
+            doc["fallback"] = res.fallback
         if error is not None:
             doc["error"] = error
         print(json.dumps(doc, ensure_ascii=False), file=out)
@@ -183,7 +209,8 @@ def print_result(res: GenerationResult, model: str, method: str, as_json: bool,
     n = len(res.samples)
     for i, s in enumerate(res.samples, 1):
         flags = ("complete" if s.complete else "incomplete") + ", " + (
-            "valid" if s.valid else "invalid")
+            "valid" if s.valid else "invalid") + (", drawn by the CD fallback" if s.fallback
+                                                  else "")
         print(f"=== sample {i}/{n}: {flags}, logprob {s.logprob:.4f}, {len(s.tokens)} tokens, "
               f"{s.lm_requests} lm requests ===", file=out)
         print(s.text, file=out)
@@ -191,3 +218,5 @@ def print_result(res: GenerationResult, model: str, method: str, as_json: bool,
         f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.stats.items()
     )
     print(f"=== {method} on {model}: {stats}", file=out)
+    if res.fallback is not None:
+        print(f"=== fallback: {res.fallback}", file=out)

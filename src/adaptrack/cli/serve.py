@@ -21,7 +21,7 @@ from typing import Any
 from ..generate import MAX_SECONDS
 from ..lm.default import GGUF_NAME
 from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
-from ..serve.engine_loop import TREE_CACHE_BYTES
+from ..serve.engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES
 from .common import UsageError, non_negative_int, positive_int, seconds, utf8_text
 
 HELP = "serve the model over an OpenAI-compatible HTTP API"
@@ -85,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds a request may take from its arrival, 'inf' for no "
                              f"limit; past it 504 and its walks stop (default: "
                              f"{MAX_SECONDS:g})")
+    parser.add_argument("--search-seconds", type=seconds, default=SEARCH_SECONDS, metavar="S",
+                        help="seconds a search (asap, adaptrack, exact) may take before CD "
+                             "draws its missing choices, marked in the 'adaptrack' field; a "
+                             "request's max_seconds may lower it, its \"fallback\": \"none\" "
+                             f"gets 504 instead (default: {SEARCH_SECONDS:g})")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                         help="most prefixes per model call (default: 32)")
     parser.add_argument("--tree-cache-bytes", type=non_negative_int, default=TREE_CACHE_BYTES,
@@ -146,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
         name = args.served_model_name or args.model or GGUF_NAME.split(".")[0]
         app = create_app(lm, model_name=name, api_key=api_key,
                          max_concurrent=args.max_concurrent, max_queue=args.max_queue,
-                         timeout=args.timeout, batch_size=args.batch_size,
+                         timeout=args.timeout, search_seconds=args.search_seconds,
+                         batch_size=args.batch_size,
                          tree_cache_bytes=args.tree_cache_bytes)
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host

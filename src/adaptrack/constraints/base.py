@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
 
 State = Hashable
@@ -135,6 +136,32 @@ class Matcher(ABC):
         ``limit`` of them (a caller that can use only so many need not pay for more)."""
         return b""
 
+    def leaving(self, state: State) -> np.ndarray:
+        """Sorted ids of the tokens with which the model *leaves* the text at ``state``
+        (the ``leave`` end policy, docs/design.md §2): where the text is accepted (an EOS id
+        is among ``finishing``), every token but EOS whose first byte starts no valid
+        continuation, special tokens included; empty elsewhere. Lazy matchers (predicates,
+        ``python()``) list candidates, not a mask, so for them only EOS ends a text.
+
+        >>> from adaptrack.constraints import choice
+        >>> from adaptrack.tokenization.vocab import Vocabulary
+        >>> m = choice(["a", "ab"]).bind(Vocabulary([b"a", b"b", b"c", b"<e>"], eos_ids=[3]))
+        >>> after_a = m.advance(m.start(), 0)
+        >>> m.leaving(m.start()).tolist(), m.leaving(after_a).tolist()  # b continues "a"
+        ([], [0, 2])
+        """
+        if self.lazy:
+            return _NONE
+        cache: LRU[State, np.ndarray] | None = self.__dict__.get("_leaving")
+        if cache is None:
+            # By bytes: at an accepted state nearly the whole vocabulary leaves.
+            cache = self.__dict__["_leaving"] = LRU(1 << 25, lambda a: a.nbytes + 64)
+        found = cache.get(state)
+        if found is None:
+            found = _leaving(self.vocab, self.allowed(state), self.finishing(state))
+            cache.put(state, found)
+        return found
+
     def min_new_tokens(self) -> int:
         """A lower bound on the number of tokens (EOS or the terminator's token included) of
         any complete sequence from :meth:`start`; ``generate`` refuses a ``max_new_tokens``
@@ -163,6 +190,25 @@ class Matcher(ABC):
                 return False
             state = self.advance(state, tok)
         return state is DONE
+
+
+_NONE = np.empty(0, dtype=np.int64)
+
+
+def _leaving(vocab: Vocabulary, allowed: np.ndarray, finishing: np.ndarray) -> np.ndarray:
+    """:meth:`Matcher.leaving` from a state's masks: the tokens whose first byte no allowed
+    token starts with, where EOS may end the text. A token whose first bytes continue the
+    text and a later one does not is neither (invalid: the whole-token version of the
+    policy, docs/design.md §2)."""
+    if not len(vocab.eos_ids) or not np.isin(vocab.eos_ids, finishing).any():
+        return _NONE
+    first = vocab.first_bytes
+    goes_on = np.zeros(257, dtype=bool)  # index 256 (-1): special tokens never go on
+    goes_on[first[allowed]] = True
+    goes_on[256] = False
+    out = ~goes_on[first]
+    out[vocab.eos_ids] = False
+    return np.flatnonzero(out)
 
 
 class Constraint(ABC):

@@ -113,10 +113,18 @@ def regex(pattern: str) -> Grammar:
     return Grammar("regex", f"start: /{regex_to_lark(pattern, '')}/", pattern)
 
 
+#: Whitespace allowed between JSON tokens unless the schema's ``"x-guidance"`` says otherwise:
+#: none, one space, or a newline and up to 20 spaces or tabs (llama.cpp's JSON grammar does
+#: the same), so compact and pretty-printed JSON stay valid but a model cannot pad forever;
+#: measured against llguidance's unbounded default in docs/benchmarks.md (everyday requests).
+JSON_WHITESPACE = r"(?:[ ]|\n[ \t]{0,20})?"
+
+
 def json_schema(schema: str | dict[str, Any]) -> Grammar:
-    """The text must be JSON valid under ``schema``. llguidance's defaults apply (flexible
-    whitespace between tokens, ``","`` and ``":"`` separators); an ``"x-guidance"`` key in the
-    schema changes them, e.g. ``{"whitespace_flexible": false}``.
+    """The text must be JSON valid under ``schema``, with :data:`JSON_WHITESPACE` between
+    tokens and llguidance's ``","`` and ``":"`` separators; an ``"x-guidance"`` key in the
+    schema changes them (``{"whitespace_flexible": true}``: any whitespace;
+    ``{"whitespace_flexible": false}``: none; ``{"whitespace_pattern": "..."}``).
 
     >>> from adaptrack import TableLM
     >>> lm = TableLM([b'{"', b'a', b'":', b'1', b'}', b' ', b'<eos>'], lambda p: [1] * 7, eos=6)
@@ -136,6 +144,12 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
     if not isinstance(schema, dict | bool):
         raise GrammarError(
             f"invalid JSON schema: expected an object, got {type(schema).__name__}")
+    if isinstance(schema, dict):
+        options = schema.get("x-guidance")
+        if options is None or (isinstance(options, dict) and not {
+                "whitespace_flexible", "whitespace_pattern"} & set(options)):
+            schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE,
+                                               **(options or {})}}
     _check("JSON schema", LLMatcher.grammar_from_json_schema(json.dumps(schema)))
     return Grammar("JSON schema", f"start: %json {json.dumps(schema)}")
 

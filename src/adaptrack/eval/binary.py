@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..constraints import Choice, choice
-from .runner import Job, ModelTask, Record, check_methods, seed_for
+from .runner import PAPER_OPTIONS, Job, ModelTask, Record, check_methods, seed_for
 
 PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")
@@ -88,7 +88,7 @@ class BinaryTask(ModelTask):
         if job["key"] == "target":
             dist = exact_distribution(self.lm, self.prompt, constraint(),
                                       max_new_tokens=MAX_NEW_TOKENS,
-                                      temperature=self.temperature)
+                                      temperature=self.temperature, end="eos")
             decode = self.lm.vocab.decode
             rows = [[list(s), p, decode(s).decode("utf-8", "replace")]
                     for s, p in sorted(dist.items(), key=lambda kv: -kv[1])]
@@ -97,7 +97,7 @@ class BinaryTask(ModelTask):
         options: dict[str, Any] = {"share_q": True} if method == "adaptrack" else {}
         res = generate(self.lm, self.prompt, constraint(), method=method, n=self.n,
                        temperature=self.temperature, max_new_tokens=MAX_NEW_TOKENS,
-                       seed=seed_for(self.seed, method), **options)
+                       seed=seed_for(self.seed, method), **PAPER_OPTIONS, **options)
         return {
             "key": method, "method": method, **({"share_q": True} if options else {}),
             "samples": [list(s.tokens) for s in res.samples],

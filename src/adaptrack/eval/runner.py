@@ -744,7 +744,8 @@ class ModelTask:
         from ..generate import generate_each
 
         out = generate_each(self.lm, [c for _, options in calls for c in (
-            dict(options, temperature=0), dict(options, n=n, temperature=temperature))],
+            dict(PAPER_OPTIONS, **options, temperature=0),
+            dict(PAPER_OPTIONS, **options, n=n, temperature=temperature))],
             batch_size=batch_size)
         records = []
         for k, (head, _) in enumerate(calls):
@@ -757,6 +758,12 @@ class ModelTask:
             else:
                 records.append(finish(head, greedy, sampled))
         return records
+
+
+#: What every evaluation task asks of ``generate`` unless it says otherwise: the AdapTrack
+#: paper's target (a text ends only at EOS) and a search past its budget scored as a miss,
+#: never finished by the CD fallback (docs/design.md §2, §6).
+PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "fallback": None}
 
 
 def check_methods(methods: tuple[str, ...]) -> None:

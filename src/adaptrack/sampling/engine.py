@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import SearchLimitError
 from ..lm.base import LanguageModel
 from .base import BARRIER, Method, Walk
 from .tree import Node, PrefixTree
@@ -39,6 +40,11 @@ class Request:
     """``n`` samples of ``method`` over ``tree``; ``on_done(i, node, requests)`` receives
     sample ``i`` as it finishes. ``width`` walks run at once (1: one after another, in
     order). ``error`` is set when the request failed; ``done`` once it is over either way.
+
+    ``fallback`` (docs/design.md §6): a method that draws the samples still missing when
+    the search runs past one of its budgets (a :class:`~adaptrack.SearchLimitError`),
+    from the sample's own random stream, ``fallback_width`` at once; ``fell_back`` then
+    holds that error and ``fallen`` the indices of the samples it drew.
     """
 
     tree: PrefixTree
@@ -50,6 +56,11 @@ class Request:
     error: BaseException | None = None
     done: bool = False
     started: int = 0
+    fallback: Callable[[], Method] | None = None
+    fallback_width: int = 1
+    fell_back: BaseException | None = None
+    fallen: set[int] = field(default_factory=set)
+    _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
 
@@ -94,9 +105,13 @@ class Engine:
         self.requests: list[Request] = []
 
     def submit(self, method: Method, n: int, seed: int | None,
-               on_done: Callable[[int, Node, int], None], *, width: int = 1) -> Request:
-        """Queue ``n`` samples of ``method``; ``width`` of its walks run at once."""
-        req = Request(method.tree, method, n, seed, on_done, max(1, width))
+               on_done: Callable[[int, Node, int], None], *, width: int = 1,
+               fallback: Callable[[], Method] | None = None,
+               fallback_width: int = 1) -> Request:
+        """Queue ``n`` samples of ``method``; ``width`` of its walks run at once; a
+        ``fallback`` method finishes them if the search runs out of budget (:class:`Request`)."""
+        req = Request(method.tree, method, n, seed, on_done, max(1, width), fallback=fallback,
+                      fallback_width=max(1, fallback_width))
         req._streams = np.random.SeedSequence(seed).spawn(n)
         self.requests.append(req)
         return req
@@ -197,9 +212,12 @@ class Engine:
                 if _waited(req._slots[i].waits):
                     self._resume(req, i)
             while True:
-                while req.started < req.n and len(req._slots) < req.width:
-                    i = req.started
-                    req.started += 1
+                while (req._redo or req.started < req.n) and len(req._slots) < req.width:
+                    if req._redo:
+                        i = req._redo.pop(0)
+                    else:
+                        i = req.started
+                        req.started += 1
                     seen: set[int] = set()
                     rng = np.random.default_rng(req._streams[i])
                     req._slots[i] = _Slot(req.method.walk(seen, rng), seen)
@@ -218,7 +236,7 @@ class Engine:
 
     @staticmethod
     def _close_if_finished(req: Request) -> None:
-        if not req._slots and req.started >= req.n:
+        if not req._slots and not req._redo and req.started >= req.n:
             req.done = True
 
     def _resume(self, req: Request, i: int) -> None:
@@ -229,10 +247,24 @@ class Engine:
             del req._slots[i]
             req.on_done(i, stop.value, len(slot.seen))
 
-    def _fail(self, req: Request, err: BaseException) -> None:
+    def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
+        missing = sorted(req._slots) + list(range(req.started, req.n))
         for slot in req._slots.values():
             slot.walk.close()
         req._slots.clear()
+        if (fall_back and req.fallback is not None and req.fell_back is None
+                and isinstance(err, SearchLimitError)):
+            # The fallback draws at most max_new_tokens prefixes a sample: its own bound,
+            # so the search's budgets, spent, no longer apply to the tree.
+            tree = req.tree
+            tree.max_seconds = None
+            tree.max_nodes = max(tree.max_nodes, tree.num_nodes
+                                 + len(missing) * (tree.max_new_tokens + 1))
+            req.method, req.width = req.fallback(), req.fallback_width
+            req.fell_back, req.fallen, req._redo = err, set(missing), missing
+            req.started = req.n
+            return
+        req._redo.clear()
         req.error, req.done = err, True
 
     def cancel(self, req: Request, err: BaseException) -> None:
@@ -240,7 +272,7 @@ class Engine:
         its walks are closed and no model call is made for it again; the other requests go
         on. A request already done is left as it is."""
         if not req.done:
-            self._fail(req, err)
+            self._fail(req, err, fall_back=False)
 
     def drop(self, req: Request, i: int) -> None:
         """Stop sample ``i`` of ``req`` between steps without an answer (a server that cut

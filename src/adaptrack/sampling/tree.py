@@ -23,6 +23,11 @@ from ..tokenization.tokenizer import Tokenizer
 from .fastforward import FastForward, forced_tokens
 from .topp import checked_nucleus, nucleus
 
+#: Where a text the constraint accepts ends (docs/design.md §2): ``leave``, where the model's
+#: next token cannot continue it (EOS or any token the constraint rejects there); ``eos``,
+#: only where the model emits EOS (the AdapTrack paper's target).
+END_POLICIES = ("leave", "eos")
+
 
 class Node:
     """One prefix: the tokens after the prompt, the constraint state after them."""
@@ -117,7 +122,9 @@ class PrefixTree:
     decoding turns it off and simply stops there. ``allow_truncated`` makes a valid prefix
     of ``max_new_tokens`` tokens an end (``complete`` and ``truncated``): the target becomes
     the model's text cut at the limit, conditioned on every prefix being valid
-    (docs/design.md §2).
+    (docs/design.md §2). ``end`` is where an accepted text ends (:data:`END_POLICIES`):
+    with ``leave`` the expansion of an accepted prefix gives EOS the mass of every token
+    that cannot continue the text, so the target is P(s) · P(leave | s).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
@@ -144,8 +151,13 @@ class PrefixTree:
         restrict_length: bool = True,
         allow_truncated: bool = False,
         fast_forward: FastForward | None = None,
+        end: str = "leave",
     ) -> None:
+        if end not in END_POLICIES:
+            raise ValueError(f"end must be one of {', '.join(map(repr, END_POLICIES))}, "
+                             f"got {end!r}")
         self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
+        self.leave = end == "leave"
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens, self.max_nodes = max_new_tokens, max_nodes
         self.allow_truncated = allow_truncated
@@ -225,9 +237,9 @@ class PrefixTree:
         """
         todo = list({id(n): n for n in nodes if n.expansion is None}.values())
         for node in todo:
-            if node.depth >= self.max_new_tokens:  # nothing may follow: no model call
+            if self._dead(node):  # nothing valid may follow: no model call
                 node.expansion = Expansion(np.zeros(0), np.empty(0, dtype=np.int64))
-        todo = [n for n in todo if n.depth < self.max_new_tokens]
+        todo = [n for n in todo if n.expansion is None]
         plain: list[Node] = []
         heads: list[Node] = []
         for node in todo:
@@ -236,6 +248,18 @@ class PrefixTree:
             else:
                 plain.append(node)
         return plain, heads
+
+    def _dead(self, node: Node) -> bool:
+        """Whether the constraint alone says no valid token follows ``node`` (its expansion
+        is then empty whatever the model says): at the length limit, at its last position
+        when no token finishes there, or where nothing is allowed."""
+        if node.depth >= self.max_new_tokens:
+            return True
+        if not self.restrict_length or node.complete:
+            return False
+        if node.depth == self.max_new_tokens - 1:
+            return not len(self.matcher.finishing(node.state))
+        return not self.matcher.lazy and not len(self.matcher.allowed(node.state))
 
     def store(self, nodes: list[Node], logprobs: np.ndarray) -> None:
         """Keep the expansions of ``nodes`` (``plan``'s plain list) from the model's rows."""
@@ -323,6 +347,8 @@ class PrefixTree:
         probs /= probs.sum()
         last = self.restrict_length and node.depth == self.max_new_tokens - 1
         matcher, state = self.matcher, node.state
+        if self.leave:
+            _leave(probs, matcher, state)
         if node.pending and self.force_chains:  # the forced token alone is valid (no top-p)
             tok = node.pending[0]
             after = matcher.advance(state, tok)
@@ -382,6 +408,18 @@ class PrefixTree:
         node.children[token] = child
         self.num_nodes += 1
         return child
+
+
+def _leave(probs: np.ndarray, matcher: Matcher, state: State) -> None:
+    """The ``leave`` end policy (docs/design.md §2): where the text is accepted, every token
+    with which the model leaves it ends the text there, so their mass moves onto EOS (in
+    place), and EOS then stands for "the text ends here" with P(leave | s)."""
+    gone = matcher.leaving(state)
+    if len(gone):
+        eos = matcher.vocab.eos_ids
+        end = int(eos[np.isin(eos, matcher.finishing(state))][0])
+        probs[end] += probs[gone].sum()
+        probs[gone] = 0.0
 
 
 def _expansion_bytes(node: Node) -> int:

@@ -37,7 +37,7 @@ from .. import constraints
 from ..errors import SearchTimeoutError
 from ..generate import MAX_SECONDS, prepare
 from ..lm.base import LanguageModel
-from .engine_loop import TREE_CACHE_BYTES, EngineLoop, Job
+from .engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES, EngineLoop, Job
 from .metrics import Metrics
 from .protocol import (
     MAX_N,
@@ -78,6 +78,9 @@ class Server:
     """What the endpoints share: the model, the engine loop, the options and the metrics.
 
     ``timeout`` (seconds, None for none) bounds each request from its arrival;
+    ``search_seconds`` bounds a search (a request's ``max_seconds`` may lower it), after
+    which the CD fallback draws the missing choices, unless the request says
+    ``"fallback": "none"`` (then 504, as past ``timeout``);
     ``max_concurrent`` requests run in the engine at once and ``max_queue`` more wait;
     ``chat_template`` renders ``messages`` (default: the tokenizer's chat template)."""
 
@@ -86,9 +89,11 @@ class Server:
                  timeout: float | None = MAX_SECONDS, batch_size: int = 32,
                  max_batch_tokens: int | None = 1024,
                  tree_cache_bytes: int = TREE_CACHE_BYTES,
-                 chat_template: ChatTemplate | None = None, max_n: int = MAX_N) -> None:
+                 chat_template: ChatTemplate | None = None, max_n: int = MAX_N,
+                 search_seconds: float | None = SEARCH_SECONDS) -> None:
         self.lm, self.model_name, self.api_key = lm, model_name, api_key
         self.timeout, self.max_n = timeout, max_n
+        self.search_seconds = search_seconds
         self.chat_template = chat_template or hf_chat_template(lm)
         self.metrics = Metrics()
         self.engine = EngineLoop(lm, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
@@ -140,7 +145,8 @@ class Server:
     def _prepare(self, body: bytes, kind: str) -> tuple[Options, list[Any]]:
         opts = parse(body, kind, self.lm, model=self.model_name,
                      chat_template=self.chat_template, max_n=self.max_n)
-        calls = prepare_calls(self.lm, opts, max_seconds=self.timeout,
+        budgets = [b for b in (self.timeout, self.search_seconds) if b is not None]
+        calls = prepare_calls(self.lm, opts, max_seconds=min(budgets, default=None),
                               max_cache_bytes=REQUEST_CACHE_BYTES)
         return opts, calls
 

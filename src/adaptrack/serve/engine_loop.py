@@ -44,6 +44,9 @@ from .protocol import APIError, Choice, Options, error_for, usage_body
 #: The tree cache's default bound in bytes (an estimate of each tree's memory:
 #: :func:`tree_bytes`).
 TREE_CACHE_BYTES = 512 << 20
+#: A search's default time budget on the server: past it, the CD fallback answers within the
+#: rest of ``timeout`` (docs/design.md §6). An interactive client sets less (``max_seconds``).
+SEARCH_SECONDS = 60.0
 #: Bytes a prefix node costs beyond its tokens (its object, children dict, constraint
 #: state): an estimate for :func:`tree_bytes`.
 NODE_BYTES = 400
@@ -448,6 +451,14 @@ class EngineLoop:
             out["backtracks"] += sampler.backtracks
             out["restarts"] += sampler.restarts
             out["tree_nodes"] += tree.num_nodes
+        # Choices the CD fallback drew after the search ran past its budget (not exact).
+        n = job.opts.n
+        out["fallback_choices"] = [k * n + i for k, call in enumerate(job.calls)
+                                   for i, s in enumerate(call.samples)
+                                   if s is not None and s.fallback]
+        why = next((str(c.request.fell_back) for c in job.calls
+                    if c.request is not None and c.request.fell_back is not None), None)
+        out["fallback"] = why
         now = time.monotonic()
         out["queue_seconds"] = round((job.admitted or now) - job.arrived, 6)
         out["seconds"] = round(now - job.arrived, 6)

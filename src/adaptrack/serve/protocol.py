@@ -48,7 +48,7 @@ from ..errors import (
     SearchTimeoutError,
     TreeLimitError,
 )
-from ..generate import METHODS, PreparedCall, prepare
+from ..generate import END_POLICIES, METHODS, PreparedCall, prepare
 from ..lm.base import LanguageModel
 
 #: OpenAI's limit on ``n``: more choices than this in one request is a 400.
@@ -77,7 +77,7 @@ _CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_
                       "guided_grammar", "guided_api_names")
 _COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "logprobs",
            "stream", "stream_options", "decoding_method", "share_q", "max_backtrack",
-           "fast_forward", *_CONSTRAINT_FIELDS}
+           "fast_forward", "end", "fallback", "max_seconds", *_CONSTRAINT_FIELDS}
 _KIND_FIELDS = {"completion": {"prompt"},
                 "chat": {"messages", "max_completion_tokens", "top_logprobs"}}
 #: Fields that say nothing about sampling: accepted and not used.
@@ -171,6 +171,10 @@ class Options:
     share_q: bool = False
     max_backtrack: int | None = None
     fast_forward: bool = True
+    end: str = "leave"
+    fallback: str | None = "cd"
+    #: The search's time budget (None: the server's); past it the fallback answers.
+    max_seconds: float | None = None
 
     @property
     def prompt_field(self) -> str:
@@ -186,7 +190,8 @@ class Options:
         # The constraint stays in the key when unconstrained: its terminators end the walk.
         return (tuple(ids), self.constraint_key,
                 self.temperature or 1.0, self.top_p, self.max_tokens,
-                ff, ff and METHODS[self.method].forces_chains, unconstrained)
+                ff, ff and METHODS[self.method].forces_chains, unconstrained,
+                unconstrained or self.end)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -471,6 +476,13 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
                 raise _bad(option, f"applies to decoding_method 'adaptrack' only, not "
                                    f"'{method}'")
     fast_forward = _boolean(data, "fast_forward", True)
+    end = data.get("end", "leave")
+    if end not in END_POLICIES:
+        raise _bad("end", f"must be one of {', '.join(END_POLICIES)}, got {_show(end)}")
+    fallback = data.get("fallback", "cd")
+    if fallback not in ("cd", "none"):
+        raise _bad("fallback", f"must be 'cd' or 'none', got {_show(fallback)}")
+    max_seconds = _number(data, "max_seconds", math.inf, 0.0, math.inf, open_low=True)
     prompts = _messages(lm, data, chat_template) if kind == "chat" else _prompts(lm, data)
     param = "messages" if kind == "chat" else "prompt"
     if any(not ids for ids in prompts):
@@ -483,7 +495,8 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
             max_tokens = max(1, min(max_tokens, context - max(len(p) for p in prompts)))
     return Options(kind, prompts, n, max_tokens, temperature, top_p, seed, stop, logprobs,
                    stream, usage, constraint, field, key, method, share_q, max_backtrack,
-                   fast_forward)
+                   fast_forward, end, None if fallback == "none" else fallback,
+                   None if math.isinf(max_seconds) else max_seconds)
 
 
 def _logprobs(data: dict[str, Any], kind: str) -> bool:
@@ -509,16 +522,21 @@ def _logprobs(data: dict[str, Any], kind: str) -> bool:
 
 def prepare_calls(lm: LanguageModel, opts: Options, **budgets: Any) -> list[PreparedCall]:
     """One prepared call per prompt of ``opts`` (:func:`adaptrack.generate.prepare`, with
-    ``budgets`` such as ``max_seconds``): the library's own checks, before any model work,
-    as :class:`APIError` naming the field (a prompt too long for the context is 400, an
-    empty language found up front 422)."""
+    ``budgets`` such as ``max_seconds``, which the request's own ``max_seconds`` can only
+    lower): the library's own checks, before any model work, as :class:`APIError` naming
+    the field (a prompt too long for the context is 400, an empty language found up front
+    422)."""
+    if opts.max_seconds is not None:
+        cap = budgets.get("max_seconds")
+        budgets["max_seconds"] = opts.max_seconds if cap is None else min(cap, opts.max_seconds)
     calls = []
     for ids in opts.prompts:
         try:
             calls.append(prepare(
                 lm, ids, opts.constraint, opts.method, opts.n, opts.temperature, opts.top_p,
                 opts.max_tokens, opts.seed, opts.fast_forward, share_q=opts.share_q,
-                max_backtrack=opts.max_backtrack, **budgets))
+                max_backtrack=opts.max_backtrack, end=opts.end, fallback=opts.fallback,
+                **budgets))
         except PromptTooLongError as err:
             too_long = lm.context_length is not None and opts.max_tokens >= lm.context_length
             raise error_for(err, "max_tokens" if too_long else opts.prompt_field) from None

@@ -153,6 +153,21 @@ class Vocabulary:
         return max((len(b) for b in self.token_bytes if b), default=0)
 
     @cached_property
+    def first_bytes(self) -> np.ndarray:
+        """Each id's first byte, -1 for special tokens, ids past the tokenizer and EOS (what
+        decides whether a token can continue a text at all: the ``leave`` end policy).
+
+        >>> Vocabulary([b"ab", b"b", None, b"<e>"], eos_ids=[3]).first_bytes.tolist()
+        [97, 98, -1, -1]
+        """
+        out = np.full(self.size, -1, dtype=np.int16)
+        for i, data in enumerate(self.token_bytes):
+            if data:
+                out[i] = data[0]
+        out[self.eos_ids] = -1
+        return out
+
+    @cached_property
     def text_ids(self) -> np.ndarray:
         """Ids of all tokens with bytes (what an unconstrained step may emit besides EOS)."""
         return np.asarray([i for i, b in enumerate(self.token_bytes) if b], dtype=np.int64)

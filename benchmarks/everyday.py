@@ -1,0 +1,247 @@
+"""Requests a user would send, every method against ``cd`` in one run: JSON schemas (the
+MaskBench dev set's smallest of several sources, plus a hand-written one), regexes, choices
+and a Lark grammar, after raw and chat prompts, at n = 1 and n = 5, on the default model.
+
+For each request and n the methods run one after another on a fresh tree each (the model's
+KV cache is the backend's and shared), so every ratio to ``cd`` comes from the same minute of
+the same machine. A search runs with the library's defaults (``end="leave"``, the CD fallback)
+and a time budget of ``--max-seconds`` (default 120): a sample the fallback drew counts as not
+exact and shows in the ``fallback`` column. Columns per method: wall time as a ratio to
+``cd``'s, model calls, samples complete (of n) and samples the fallback drew; the summary
+gives each method's median and worst ratio over the requests.
+
+Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--methods cd,exact]
+      [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
+
+import adaptrack as at
+
+MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
+METHODS = {  # label: (method, options)
+    "unconstrained": ("unconstrained", {}),
+    "cd": ("cd", {}),
+    "asap": ("asap", {}),
+    "adaptrack": ("adaptrack", {}),
+    "adaptrack share_q": ("adaptrack", {"share_q": True}),
+    "exact": ("exact", {}),
+}
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"], "additionalProperties": False}
+
+
+@dataclass
+class Request:
+    """One request: a name, a prompt (raw text, or a chat user message), a constraint."""
+
+    name: str
+    prompt: str
+    chat: bool
+    kind: str  # json, regex, choice, lark
+    spec: Any
+    max_new_tokens: int
+    rows: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+
+    def constraint(self, whitespace: str) -> at.constraints.Constraint:
+        c = at.constraints
+        if self.kind == "json":
+            schema = self.spec
+            if whitespace == "flexible" and isinstance(schema, dict):
+                schema = {**schema, "x-guidance": {"whitespace_flexible": True}}
+            return c.json_schema(schema)
+        if self.kind == "regex":
+            return c.regex(self.spec)
+        if self.kind == "choice":
+            return c.choice(self.spec)
+        return c.lark(self.spec)
+
+
+def maskbench_schemas(count: int) -> list[tuple[str, dict[str, Any]]]:
+    """The ``count`` smallest object schemas of the dev set with two to five properties, at
+    most two per source, skipping those llguidance refuses."""
+    if not MASKBENCH.exists():
+        print(f"# {MASKBENCH} is absent: MaskBench requests skipped", file=sys.stderr)
+        return []
+    rows = [json.loads(line) for line in gzip.open(MASKBENCH)]
+    rows.sort(key=lambda r: (r["meta"]["stripped_size"], r["name"]))
+    out: list[tuple[str, dict[str, Any]]] = []
+    per_source: dict[str, int] = {}
+    for r in rows:
+        schema, source = r["schema"], r["name"].split("---")[0]
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if (not isinstance(props, dict) or not 2 <= len(props) <= 5 or "$ref" in json.dumps(schema)
+                or per_source.get(source, 0) >= 2):
+            continue
+        try:
+            at.constraints.json_schema(schema)
+        except ValueError:
+            continue
+        per_source[source] = per_source.get(source, 0) + 1
+        out.append((r["name"], schema))
+        if len(out) == count:
+            break
+    return out
+
+
+def requests(quick: bool) -> list[Request]:
+    out = [
+        Request("person (raw)", "A person as JSON: ", False, "json", PERSON, 40),
+        Request("person (chat)", "Give me a person as a JSON object with a name and an age.",
+                True, "json", PERSON, 40),
+        Request("number 1-3 digits (raw)", "Number 3:", False, "regex", "[0-9]{1,3}", 6),
+        Request("date (chat)", "What date is Christmas 2025? Answer as YYYY-MM-DD.", True,
+                "regex", r"\d{4}-\d{2}-\d{2}", 12),
+        Request("email (raw)", "Contact us by email at ", False, "regex",
+                r"[a-z]{1,12}@[a-z]{1,12}\.(com|org|net)", 16),
+        Request("hex colour (chat)", "What is the hex code of pure red?", True, "regex",
+                "#[0-9a-fA-F]{6}", 8),
+        Request("phone (raw)", "Call me at ", False, "regex", r"\(\d{3}\) \d{3}-\d{4}", 16),
+        Request("yes/no (raw)", "Q: Is the sky blue?\nA:", False, "choice", [" yes", " no"], 4),
+        Request("sentiment (chat)", "Is this review positive, negative or neutral? 'The food "
+                "was cold and the waiter rude.' Answer with one word.", True, "choice",
+                ["positive", "negative", "neutral"], 4),
+        Request("colour word (raw)", "My favourite colour is", False, "choice",
+                [" red", " green", " blue", " yellow", " purple"], 4),
+        Request("arithmetic (raw, Lark)", "Two plus three, as an expression: ", False, "lark",
+                'start: NUM (OP NUM)*\nNUM: /[0-9]{1,4}/\nOP: "+" | "-" | "*"', 12),
+        Request("arithmetic (chat, Lark)", "Write 12 times 7 as an arithmetic expression.",
+                True, "lark", 'start: NUM (" "? OP " "? NUM)*\nNUM: /[0-9]{1,4}/\nOP: "+" | "-" '
+                '| "*"', 12),
+    ]
+    for k, (name, schema) in enumerate(maskbench_schemas(4 if quick else 12)):
+        chat = k % 2 == 1
+        prompt = ("Fill in this JSON schema with an example: " + json.dumps(schema)
+                  if chat else "An example of a JSON object matching the schema "
+                  + json.dumps(schema) + ":\n")
+        out.append(Request(f"{name} ({'chat' if chat else 'raw'})", prompt, chat, "json",
+                           schema, 64))
+    return out[:6] if quick else out
+
+
+def crossing(lm: at.LanguageModel, prompt: str | list[int], constraint: Any,
+             tokens: tuple[int, ...]) -> float:
+    """Of the mass with which the model stops continuing a sample's final text, the share
+    the whole-token ``leave`` policy drops: tokens whose first bytes continue the text and a
+    later byte does not (docs/design.md §2), over those plus the tokens that leave."""
+    m = constraint.bind(lm.vocab)
+    state = m.start()
+    for t in tokens[:-1]:
+        state = m.advance(state, t)
+    ids = lm.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    logp = lm.next_logprobs([tuple(ids) + tuple(tokens[:-1])])[0]
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    allowed, leaving = m.allowed(state), m.leaving(state)
+    leave = p[leaving].sum() + p[np.intersect1d(lm.vocab.eos_ids, allowed)].sum()
+    cross = max(0.0, 1.0 - p[allowed].sum() - p[leaving].sum())
+    return float(cross / (cross + leave)) if cross + leave > 0 else 0.0
+
+
+def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str, end: str,
+        max_seconds: float, chat: Any) -> dict[str, Any]:
+    method, options = METHODS[label]
+    prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            res = at.generate(lm, prompt, req.constraint(whitespace), method=method, n=n, seed=0,
+                              max_new_tokens=req.max_new_tokens, max_seconds=max_seconds,
+                              end=end, **options)
+        except at.AdaptrackError as err:
+            return {"s": time.perf_counter() - started, "error": type(err).__name__}
+    out = {"s": time.perf_counter() - started, "calls": res.stats["lm_calls"],
+           "complete": sum(s.complete for s in res.samples),
+           "fallback": res.stats["fallback_samples"], "texts": res.texts}
+    if label == "cd" and end == "leave":
+        c = req.constraint(whitespace)
+        out["crossing"] = [crossing(lm, prompt, c, s.tokens) for s in res.samples if s.complete]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="six requests, n = 1")
+    parser.add_argument("--n", default="1,5", help="sample counts, comma-separated")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--json-whitespace", choices=("default", "flexible"), default="default")
+    parser.add_argument("--end", choices=("leave", "eos"), default="leave")
+    parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--only", default=None, help="requests whose name contains this")
+    parser.add_argument("--texts", action="store_true", help="print every sample's text")
+    args = parser.parse_args()
+    labels = [m for m in args.methods.split(",") if m]
+    if "cd" not in labels:
+        labels.insert(0, "cd")
+    ns = [1] if args.quick else [int(x) for x in args.n.split(",")]
+    lm = at.load_model()
+    from adaptrack.serve.protocol import hf_chat_template
+
+    chat = hf_chat_template(lm)
+    reqs = [r for r in requests(args.quick) if args.only is None or args.only in r.name]
+    print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
+          f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
+          f"end: {args.end}; max_seconds: {args.max_seconds:g}\n")
+    at.generate(lm, "Hello", None, method="unconstrained", max_new_tokens=2)  # warm up
+    head = " | ".join(f"{m}: × cd, calls, done, fb" for m in labels)
+    print(f"| request | n | cd s | {head} |")
+    print("|---|--:|--:|" + "---|" * len(labels))
+    ratios: dict[str, list[float]] = {m: [] for m in labels}
+    crossed: list[tuple[str, float]] = []
+    short: dict[str, int] = {m: 0 for m in labels}
+    for req in reqs:
+        for n in ns:
+            got = {m: run(lm, req, n, m, args.json_whitespace, args.end, args.max_seconds, chat)
+                   for m in labels}
+            base = got["cd"]["s"]
+            crossed += [(req.name, x) for x in got["cd"].get("crossing", [])]
+            cells = []
+            for m in labels:
+                r = got[m]
+                ratio = r["s"] / base
+                ratios[m].append(ratio)
+                if "error" in r:
+                    cells.append(f"{ratio:.1f} {r['error']}")
+                    short[m] += n
+                    continue
+                short[m] += n - r["complete"] if m != "unconstrained" else 0
+                cells.append(f"{ratio:.2f}, {r['calls']}, {r['complete']}, {r['fallback']}")
+            print(f"| {req.name} | {n} | {base:.1f} | " + " | ".join(cells) + " |", flush=True)
+            if args.texts:
+                for m in labels:
+                    print(f"    {m}: {got[m].get('texts')}", file=sys.stderr)
+    print("\n| method | median × cd | worst × cd | samples not complete |")
+    print("|---|--:|--:|--:|")
+    for m in labels:
+        print(f"| {m} | {statistics.median(ratios[m]):.2f} | {max(ratios[m]):.2f} | {short[m]} |")
+    if crossed:
+        print("\nMass the whole-token `leave` drops at the end of cd's samples (tokens that "
+              "cross the end, over those plus the tokens that leave):\n")
+        print("| request | samples | mean | max |")
+        print("|---|--:|--:|--:|")
+        for name in dict.fromkeys(n for n, _ in crossed):
+            xs = [x for n, x in crossed if n == name]
+            print(f"| {name} | {len(xs)} | {statistics.mean(xs):.3f} | {max(xs):.3f} |")
+    print(f"\nload average at end: {load()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

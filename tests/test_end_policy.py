@@ -1,0 +1,213 @@
+"""Where a constrained text ends (docs/design.md §2), the search's dead-before-call rule and
+the CD fallback of a search past its budget (docs/design.md §6)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import adaptrack as at
+from adaptrack.testing import ends_or_goes_on, hashed_weights
+
+
+def leave_target_by_brute_force(lm: at.TableLM, strings: list[bytes], max_new: int) -> dict:
+    """P(s) · P(leave | s) over the accepted texts s, normalized, written from the definition
+    with no prefix tree: a token leaves an accepted text when it is EOS or its first byte
+    continues none of the strings; a token whose first byte continues a string but whose
+    whole bytes do not is invalid (the whole-token version)."""
+    vocab = lm.vocab
+    size, eos = vocab.size, int(vocab.eos_ids[0])
+    texts = list(strings)
+    out: dict[bytes, float] = {}
+    for k in range(max_new):  # k text tokens, then the one that leaves (within max_new)
+        for seq in itertools.product(range(size), repeat=k):
+            if eos in seq:
+                continue
+            text, p = b"", 1.0
+            for i, tok in enumerate(seq):
+                text += vocab.bytes_of(tok)
+                if not any(t.startswith(text) for t in texts):
+                    break
+                w = np.asarray(lm.next_probs(seq[:i]), dtype=float)
+                p *= w[tok] / w.sum()
+            else:
+                if text not in texts:
+                    continue
+                w = np.asarray(lm.next_probs(seq), dtype=float)
+                w /= w.sum()
+                goes_on = {t[len(text)] for t in texts if len(t) > len(text)
+                           and t.startswith(text)}
+                leave = sum(w[u] for u in range(size)
+                            if u == eos or vocab.bytes_of(u)[0] not in goes_on)
+                out[text] = out.get(text, 0.0) + p * leave
+    total = math.fsum(out.values())
+    return {t: p / total for t, p in out.items()}
+
+
+def by_text(lm: at.TableLM, dist: dict) -> dict:
+    out: dict[bytes, float] = {}
+    for seq, p in dist.items():
+        text = lm.vocab.decode(seq[:-1])
+        out[text] = out.get(text, 0.0) + p
+    return out
+
+
+def test_leave_target_is_the_definition():
+    lm, c, max_new = ends_or_goes_on()
+    want = leave_target_by_brute_force(lm, c.strings, max_new)
+    got = by_text(lm, at.exact_distribution(lm, [], c, max_new_tokens=max_new))
+    assert got.keys() == want.keys()
+    for text, p in want.items():
+        assert got[text] == pytest.approx(p, rel=1e-9), text
+    eos = by_text(lm, at.exact_distribution(lm, [], c, max_new_tokens=max_new, end="eos"))
+    # The two policies weigh the texts differently: "ab" is where the model leaves most.
+    assert abs(eos[b"ab"] - got[b"ab"]) > 0.1
+
+
+def test_leave_moves_the_leaving_mass_onto_eos():
+    lm, c, max_new = ends_or_goes_on()
+    tree = at.sampling.tree.PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=max_new)
+    a = tree.child(tree.root, 0)  # "a": accepted, may go on with a, b or ab
+    exp = tree.expand(a)
+    probs = np.asarray(lm.next_probs((0,)), dtype=float)
+    probs /= probs.sum()
+    ids = exp.ids.tolist()
+    assert ids == [0, 1, 2, 5]  # "ba" crosses the end: invalid; "c" left with EOS
+    assert exp.p[ids.index(5)] == pytest.approx(probs[5] + probs[4])
+    assert exp.p[ids.index(0)] == pytest.approx(probs[0])
+
+
+@pytest.mark.parametrize("method", ["cd", "asap", "adaptrack", "exact"])
+def test_every_method_samples_text_that_ends_where_the_model_leaves(method):
+    lm, c, max_new = ends_or_goes_on()
+    res = at.generate(lm, [], c, method=method, n=40, seed=1, max_new_tokens=max_new)
+    assert all(s.valid and s.text.encode() in c.strings for s in res.samples)
+    # The token that left is reported as EOS, and the sample's log-probability counts
+    # P(leave | text), not P(EOS | text).
+    dist = at.exact_distribution(lm, [], c, max_new_tokens=max_new)
+    for s in res.samples:
+        assert s.tokens[-1] == 5 and s.tokens in dist
+
+
+def test_unconstrained_sampling_ignores_the_end_policy():
+    lm, c, max_new = ends_or_goes_on()
+    kw = dict(method="unconstrained", n=20, seed=0, max_new_tokens=max_new)
+    assert (at.generate(lm, [], c, end="leave", **kw).texts
+            == at.generate(lm, [], c, end="eos", **kw).texts)
+
+
+def test_a_bad_end_policy_is_refused_by_name():
+    lm, c, _ = ends_or_goes_on()
+    with pytest.raises(ValueError, match="end must be one of 'leave', 'eos'"):
+        at.generate(lm, [], c, end="stop")
+    with pytest.raises(ValueError, match="end must be one of"):
+        at.exact_distribution(lm, [], c, end=None)
+
+
+def test_lazy_matchers_end_only_at_eos():
+    lm, c, max_new = ends_or_goes_on()
+    strings = [s.decode() for s in c.strings]
+    oracle = at.constraints.predicate(lambda t: any(s.startswith(t) for s in strings),
+                                      lambda t: t in strings)
+    kw = dict(max_new_tokens=max_new, fast_forward=False)
+    assert (at.exact_distribution(lm, [], oracle, end="leave", **kw)
+            == at.exact_distribution(lm, [], oracle, end="eos", **kw))
+
+
+# --- dead before any model call ---------------------------------------------------------
+
+
+def test_a_prefix_that_cannot_finish_in_time_is_never_sent_to_the_model():
+    asked: list[tuple[int, ...]] = []
+    weights = hashed_weights(4, b"dead")
+
+    def next_probs(prefix):
+        asked.append(tuple(prefix))
+        return weights(prefix)
+
+    lm = at.TableLM([b"a", b"b", b"aa", b"<eos>"], next_probs, eos=3)
+    c = at.constraints.choice(["aaa", "b"])
+    dist = at.exact_distribution(lm, [], c, max_new_tokens=3)
+    assert {lm.vocab.decode(s) for s in dist} == {b"aaa", b"b"}
+    # "a a" is two tokens in, one left: only EOS may follow there, and "aa" is not a
+    # string, so the constraint alone says it is dead.
+    assert (0, 0) not in asked
+    assert set(asked) == {(), (0,), (2,), (1,), (0, 2), (2, 0)}
+
+
+# --- the fallback of a search past its budget -------------------------------------------
+
+
+def bits():
+    lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    return lm, at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])
+
+
+@pytest.mark.parametrize("method", ["asap", "adaptrack", "exact"])
+def test_a_search_past_its_budget_is_finished_by_cd_and_says_so(method):
+    lm, c = bits()
+    with pytest.warns(at.SearchFallbackWarning, match="drawn by CD"):
+        res = at.generate(lm, [], c, method=method, n=6, seed=0, max_nodes=8, end="eos")
+    assert len(res.samples) == 6 and all(s.valid for s in res.samples)
+    fell = [s.fallback for s in res.samples]
+    assert any(fell) and res.stats["fallback_samples"] == sum(fell)
+    assert "max_nodes=8" in res.fallback
+
+
+def test_fallback_none_raises_the_budget_with_the_finished_samples():
+    lm, c = bits()
+    with pytest.raises(at.TreeLimitError, match="max_nodes") as err:
+        at.generate(lm, [], c, method="exact", n=6, seed=0, max_nodes=8, end="eos",
+                    fallback=None)
+    assert not any(s.fallback for s in err.value.partial.samples)
+    with pytest.raises(ValueError, match="fallback must be 'cd' or None"):
+        at.generate(lm, [], c, fallback="greedy")
+
+
+def test_a_search_within_its_budget_draws_no_fallback():
+    lm, c = bits()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = at.generate(lm, [], c, method="exact", n=6, seed=0)
+    assert res.fallback is None and res.stats["fallback_samples"] == 0
+    assert not any(s.fallback for s in res.samples)
+
+
+def test_the_fallback_samples_are_cds():
+    """Past the budget the missing samples follow CD's distribution: on the paper's binary
+    problem CD puts half its mass on 00000, the target 1/17 (docs/design.md §6)."""
+    lm, c = bits()
+    n = 2000
+    with pytest.warns(at.SearchFallbackWarning):
+        res = at.generate(lm, [], c, method="exact", n=n, seed=0, max_nodes=8, end="eos")
+    drawn = [s for s in res.samples if s.fallback]
+    share = sum(s.text == "00000" for s in drawn) / len(drawn)
+    assert len(drawn) > n - 10
+    assert abs(share - 0.5) < 4.5 * math.sqrt(0.25 / len(drawn))
+
+
+# --- JSON whitespace -----------------------------------------------------------------------
+
+
+def test_json_whitespace_keeps_compact_and_pretty_json_but_not_padding():
+    vocab = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    lm = at.TableLM(vocab, lambda prefix: [1] * 257, eos=256)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def accepts(text: str, s=schema) -> bool:
+        m = at.constraints.json_schema(s).bind(lm.vocab)
+        return m.accepts([*text.encode(), 256])
+
+    for ok in ('{"a":1}', '{"a": 1}', '{\n  "a": 1\n}', '{\n\t"a": 1\n}', json.dumps({"a": 1})):
+        assert accepts(ok), ok
+    for bad in ('{   "a": 1}', '{\n\n"a": 1}', '{"a": 1' + "\n" + " " * 21 + "}"):
+        assert not accepts(bad), bad
+    flexible = {**schema, "x-guidance": {"whitespace_flexible": True}}
+    assert accepts('{   "a": 1}', flexible)
+    compact = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    assert not accepts('{"a": 1}', compact)
