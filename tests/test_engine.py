@@ -149,7 +149,8 @@ def test_a_failing_request_does_not_stop_the_others() -> None:
     lm, constraint, max_new = PROBLEMS["no_ab"]()
     good = dict(constraint=constraint, method="cd", n=5, seed=0, max_new_tokens=max_new)
     out = generate_each(lm, [dict(good, prompt=[0]),
-                             dict(good, prompt=[1], method="exact", n=50, max_nodes=3),
+                             dict(good, prompt=[1], method="exact", n=50, max_nodes=3,
+                                  fallback=None),
                              dict(good, prompt=[2])])
     assert isinstance(out[1], at.TreeLimitError)
     assert isinstance(out[1].partial, at.GenerationResult)
@@ -157,7 +158,7 @@ def test_a_failing_request_does_not_stop_the_others() -> None:
     assert [s.tokens for s in out[2].samples] == [s.tokens for s in alone.samples]
     with pytest.raises(at.TreeLimitError) as info:
         at.generate(lm, [[0], [1]], constraint, method="exact", n=50, max_nodes=3, seed=0,
-                    max_new_tokens=max_new)
+                    max_new_tokens=max_new, fallback=None)
     assert len(info.value.results) == 2
 
 

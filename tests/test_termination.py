@@ -218,7 +218,7 @@ def test_tree_limit_is_raised_with_a_helpful_message(method, temperature) -> Non
     lm = make_lm([b"a", b"b"], eos_weight=0.0 if method == "unconstrained" else 1.0)
     with pytest.raises(TreeLimitError, match="max_nodes=8"):
         timed(generate, lm, [], LONG, method=method, n=2, temperature=temperature,
-              max_new_tokens=20, max_nodes=8, seed=0)
+              max_new_tokens=20, max_nodes=8, seed=0, fallback=None)
 
 
 def test_exact_distribution_raises_tree_limit() -> None:
@@ -463,7 +463,8 @@ class _SlowLM(TableLM):
 def test_every_search_has_a_time_budget(method) -> None:
     lm = _SlowLM(0.02, eos_weight=0.0 if method == "unconstrained" else 1.0)
     with pytest.raises(at.SearchTimeoutError, match=r"max_seconds=0\.05 .*raise max_seconds"):
-        generate(lm, [], LONG, method=method, n=4, max_new_tokens=20, max_seconds=0.05, seed=0)
+        generate(lm, [], LONG, method=method, n=4, max_new_tokens=20, max_seconds=0.05, seed=0,
+                 fallback=None)
     with pytest.raises(at.SearchTimeoutError, match=r"max_seconds=0\.05"):
         exact_distribution(lm, [], LONG, max_new_tokens=11, max_seconds=0.05)
 
@@ -488,7 +489,7 @@ def test_opened_prefixes_are_bounded_in_bytes() -> None:
         with pytest.raises(TreeLimitError, match=r"max_opened_bytes=100000.*raise "
                                                   r"max_opened_bytes"):
             generate(lm, [], None, method="adaptrack", n=4, max_new_tokens=16, seed=0,
-                     max_opened_bytes=100_000)
+                     max_opened_bytes=100_000, fallback=None)
 
 
 def test_a_mask_shared_by_every_prefix_is_counted_once() -> None:
@@ -576,7 +577,7 @@ def test_a_budget_that_runs_out_midway_keeps_the_finished_samples(parallel: bool
     for max_nodes in range(2, nodes, max(1, nodes // 10)):
         with pytest.raises(TreeLimitError) as info:
             generate(lm, [], constraint, method="exact", n=30, seed=1, max_new_tokens=max_new,
-                     max_nodes=max_nodes, parallel=parallel)
+                     max_nodes=max_nodes, parallel=parallel, fallback=None)
         partial = info.value.partial
         if parallel:  # samples finish out of order: the finished ones, in sample order
             assert _subsequence(partial.samples, full.samples)

@@ -13,6 +13,7 @@ from . import constraints, metrics
 from .errors import (
     AdaptrackError,
     BackendError,
+    CheckTimeoutError,
     GrammarError,
     ModelLoadError,
     ModelOutputError,
@@ -45,6 +46,7 @@ __all__ = [
     "METHODS",
     "AdaptrackError",
     "BackendError",
+    "CheckTimeoutError",
     "FastForward",
     "FreeTextWarning",
     "GenerationResult",

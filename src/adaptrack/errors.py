@@ -43,6 +43,12 @@ class SearchTimeoutError(SearchLimitError):
     """Sampling ran past its time budget (``max_seconds``)."""
 
 
+class CheckTimeoutError(SearchTimeoutError):
+    """A constraint's own checks (a predicate's, ``python()``'s) timed out more than
+    ``max_timeouts`` times: a check too slow for its ``timeout``, not a search past its
+    budget, so no fallback draws the missing samples (it would ask the same checks)."""
+
+
 class GrammarError(AdaptrackError, ValueError):
     """A grammar (regex, JSON schema, Lark, GBNF) is invalid, or llguidance failed on it
     (for example its lexer or parser resource limits)."""

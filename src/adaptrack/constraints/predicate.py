@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..errors import SearchTimeoutError
+from ..errors import CheckTimeoutError
 from ..tokenization.vocab import Vocabulary
 from .base import DONE, Constraint, Matcher, State, show, terminator_bytes
 
@@ -50,8 +50,9 @@ class Predicate(Constraint):
     checks stop; a C call that does not return to Python cannot be cut short); elsewhere it
     runs to the end and counts as timed out afterwards. A timed-out token is invalid for the
     rest of the run. After ``max_timeouts`` timed-out checks (default 10; ``None``: no limit)
-    the matcher raises :class:`~adaptrack.errors.SearchTimeoutError`: a check that always
-    times out would otherwise be asked about every token at every prefix.
+    the matcher raises :class:`~adaptrack.errors.CheckTimeoutError` (a
+    ``SearchTimeoutError``; no fallback draws past it): a check that always times out
+    would otherwise be asked about every token at every prefix.
 
     A ``timeout`` that is not a number (``"1"``, ``True``) is a TypeError; zero, negative,
     NaN or infinite a ValueError (pass ``None`` for no limit). ``max_timeouts`` takes an int
@@ -256,7 +257,7 @@ class PredicateMatcher(Matcher):
             self.check_seconds += time.perf_counter() - started
             limit = self.p.max_timeouts
             if limit is not None and self.timeouts >= limit:
-                raise SearchTimeoutError(
+                raise CheckTimeoutError(
                     f"the predicate's checks timed out {self.timeouts} times at "
                     f"timeout={timeout:g} s (last: {_name(self.p, check)} on "
                     f"{text[-40:]!r}); make the check faster, raise timeout=, or pass "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import SearchLimitError
+from ..errors import CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
 from .base import BARRIER, Method, Walk
 from .tree import Node, PrefixTree
@@ -253,7 +253,8 @@ class Engine:
             slot.walk.close()
         req._slots.clear()
         if (fall_back and req.fallback is not None and req.fell_back is None
-                and isinstance(err, SearchLimitError)):
+                and isinstance(err, SearchLimitError)
+                and not isinstance(err, CheckTimeoutError)):
             # The fallback draws at most max_new_tokens prefixes a sample: its own bound,
             # so the search's budgets, spent, no longer apply to the tree.
             tree = req.tree

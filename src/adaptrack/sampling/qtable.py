@@ -28,7 +28,8 @@ class QTable:
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["a", "b"]).bind(lm.vocab))
+    >>> c = at.constraints.choice(["a", "b"]).bind(lm.vocab)
+    >>> tree = PrefixTree(lm, [], c, end="eos")  # "leave" would end "a" with probability 1
     >>> Q = QTable(tree)
     >>> Q.open(tree.root); Q.q(tree.root)       # a and b are valid first tokens
     0.75
