@@ -119,7 +119,8 @@ def raw_steps(model: Any, prefixes: list[tuple[int, ...]], steps: int) -> list[f
     """The same steps through ``model(...)`` with a DynamicCache (the prefixes have equal
     length), plus the log-softmax to numpy that a sampler needs."""
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor(prefixes), use_cache=True, logits_to_keep=1)
+        out = model(input_ids=torch.tensor(prefixes, device=model.device), use_cache=True,
+                    logits_to_keep=1)
         cache = out.past_key_values
         times = []
         for _ in range(steps):
@@ -127,7 +128,7 @@ def raw_steps(model: Any, prefixes: list[tuple[int, ...]], steps: int) -> list[f
             start = time.perf_counter()
             out = model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
-            torch.log_softmax(out.logits[:, -1].float(), dim=-1).numpy()
+            torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu().numpy()
             times.append(time.perf_counter() - start)
     return times
 
@@ -212,7 +213,7 @@ def run_hf(lm: Any, prompt: str, n: int, tokens: int, seed: int) -> tuple[float,
     eos = [int(e) for e in lm.vocab.eos_ids]
     torch.manual_seed(seed)
     start, cpu = time.perf_counter(), time.process_time()
-    ids = torch.tensor([lm.encode(prompt)])
+    ids = torch.tensor([lm.encode(prompt)], device=lm.device)
     with torch.inference_mode():
         out = lm.model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=tokens,
