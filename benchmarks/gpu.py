@@ -108,7 +108,7 @@ class Scale:
 
 
 TINY = Scale(steps=8, rows=8, gen_tokens=8, n=8, method_tokens=12, batch_n=16,
-             batch_tokens=4, long_prompt=512, long_tokens=4, repeat=1, max_seconds=2.0)
+             batch_tokens=4, long_prompt=512, long_tokens=4, repeat=1, max_seconds=1.0)
 
 
 def build(size: str, tokenizer_dir: Path, device: str, dtype: torch.dtype) -> TransformersLM:
