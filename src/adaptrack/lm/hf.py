@@ -411,9 +411,12 @@ class TransformersLM(LanguageModel):
             # The vocabulary projection only at the columns some row needs.
             cols = sorted(set(col_ids))
             out = self.model(**kwargs, logits_to_keep=torch.tensor(cols, device=dev))
-            at = {c: j for j, c in enumerate(cols)}
-            logits = out.logits[torch.tensor(row_ids, device=dev),
-                                torch.tensor([at[c] for c in col_ids], device=dev)]
+            if len(cols) == 1 and len(row_ids) == rows:  # a decode step: one output per row
+                logits = out.logits[:, 0]  # a view; the gather would copy rows x vocabulary
+            else:
+                at = {c: j for j, c in enumerate(cols)}
+                logits = out.logits[torch.tensor(row_ids, device=dev),
+                                    torch.tensor([at[c] for c in col_ids], device=dev)]
         self.forward_calls += 1
         self.fed_tokens += sum(len(t) for t in new)
         if common is not None and not _shared.all_attended(cache):
