@@ -40,9 +40,9 @@ Sections, all in one run:
 
 Run:  python benchmarks/gpu.py --size 7b            (on a GPU; also --size 1.5b)
       python benchmarks/gpu.py --tiny               (CPU smoke run, well under a minute)
-      python benchmarks/gpu.py --size 7b --tokenizer .gpu-tokenizer/qwen3
+      python benchmarks/gpu.py --size 7b --tokenizer .tokenizers/qwen3
 Where ``../shared`` is not next to the checkout (a device machine), copy
-``../shared/tokenizers/qwen3`` into an ignored folder of the checkout and pass it.
+``../shared/tokenizers/qwen3`` into the checkout's ignored ``.tokenizers/`` and pass it.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Scale:
     long_prompt: int = 4000
     long_tokens: int = 32
     repeat: int = 3
-    max_seconds: float = 120.0  # budget of one constrained run
+    max_seconds: float = 30.0  # budget of one constrained run
 
 
 TINY = Scale(steps=8, rows=8, gen_tokens=8, n=8, method_tokens=12, batch_n=16,
@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(SECTIONS),
                     help=f"comma-separated sections (default: all of {','.join(SECTIONS)})")
     ap.add_argument("--repeat", type=int, help="runs per timed row (default 3; 1 with --tiny)")
+    ap.add_argument("--max-seconds", type=float,
+                    help="time budget of one constrained run (default 30; 1 with --tiny)")
     args = ap.parse_args(argv)
     only = [x.strip() for x in args.only.split(",") if x.strip()]
     if set(only) - set(SECTIONS):
@@ -393,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     scale = TINY if args.tiny else Scale()
     if args.repeat is not None:
         scale.repeat = args.repeat
+    if args.max_seconds is not None:
+        scale.max_seconds = args.max_seconds
     started = time.perf_counter()
     lm = build(size, args.tokenizer, device, getattr(torch, dtype_name))
     built = time.perf_counter() - started
