@@ -267,7 +267,8 @@ def section_methods(lm: TransformersLM, s: Scale, hf_rate: float) -> None:
     print("tokens/s: tokens of the samples that finished over the call's wall time (constraint "
           f"binding excluded), at most {s.max_seconds:g} s a run; ratio to `model.generate` at "
           f"{s.rows} sequences (previous section); model calls: distinct prefixes evaluated; "
-          "backtracks: adaptrack's backtracks and exact's restarts.\n")
+          "backtracks: adaptrack's backtracks and exact's restarts; peak GPU GB: torch's "
+          "largest allocation during the run, the weights included (– on a CPU).\n")
     table(("constraint", "method", "s", "samples", "sampled tokens", "tokens/s",
            "ratio to `model.generate`", "model calls", "calls/s", "forward passes",
            "calls per pass", "backtracks", "peak GPU GB"), rows)

@@ -22,7 +22,7 @@ def test_the_tiny_run_prints_every_table(capsys, monkeypatch):
     sys.modules.pop("gpu", None)
     import gpu
 
-    assert gpu.main(["--tiny", "--tokenizer", str(TOKENIZER)]) == 0
+    assert gpu.main(["--tiny", "--device", "cpu", "--tokenizer", str(TOKENIZER)]) == 0
     out = capsys.readouterr().out
     assert "Qwen2 tiny" in out and "on cpu" in out and "device: CPU" in out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
