@@ -143,3 +143,36 @@ def test_no_host_device_copy_per_row_or_token_beyond_the_log_probs(cpu_model, de
     assert calls["cpu"] == passes and calls["numpy"] == passes
     assert sum(calls[name] for name in TO_HOST if name not in ("cpu", "numpy")) == 0, calls
     assert calls["to device"] <= 6 * passes, calls
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_walks_of_a_shared_prompt_on_the_device(cpu_model, device, monkeypatch):
+    """The benchmark's setting on a tiny model: bfloat16 on the device, walks of one prompt
+    attending to it in place; rows near a fresh bfloat16 forward (bfloat16 rounding depends
+    on the path: 0.1 nats, as tests/test_transformers.py allows) and kept states stay in
+    bfloat16 on the device."""
+    model, tok = cpu_model
+    half = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
+    lm = TransformersLM(half, tok)
+    assert lm.shared_attention
+    in_place = []
+    built = lm._batched_cache
+    monkeypatch.setattr(lm, "_batched_cache", lambda s, w, c=None: in_place.append(
+        c is not None) or built(s, w, c))
+    rng = random.Random(1)
+    prompt = tuple(rng.randrange(200) for _ in range(80))
+    lm.next_logprobs([prompt])
+    walks = [prompt] * 6
+    for _ in range(4):
+        walks = [(*w, rng.randrange(200)) for w in walks]
+        got = lm.next_logprobs(walks)
+        for prefix, row in zip(walks, got, strict=True):
+            with torch.inference_mode():
+                logits = half(torch.tensor([prefix], device=device)).logits[0, -1]
+            want = torch.log_softmax(logits.float(), -1).cpu().numpy()
+            assert np.abs(row - want).max() < 0.1
+        assert np.abs(got[0] - got[1]).max() > 0.5  # walks differ by far more than that
+    assert sum(in_place) >= 3
+    for _, state in lm._states.items():
+        assert all(t.dtype == torch.bfloat16 and t.device.type == device
+                   for pair in state.own for t in pair)
