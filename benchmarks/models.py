@@ -38,6 +38,7 @@ Run:  python benchmarks/models.py                  (full run, 2 torch threads)
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import platform
 import statistics
@@ -118,16 +119,20 @@ def lm_steps(lm: Any, prefixes: list[tuple[int, ...]], steps: int) -> tuple[list
 def raw_steps(model: Any, prefixes: list[tuple[int, ...]], steps: int) -> list[float]:
     """The same steps through ``model(...)`` with a DynamicCache (the prefixes have equal
     length), plus the log-softmax to numpy that a sampler needs."""
+    # transformers 5 names the KV cache ``cache``; older releases ``past_key_values``.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
+        "past_key_values"
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor(prefixes), use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        out = model(input_ids=torch.tensor(prefixes, device=model.device), use_cache=True,
+                    logits_to_keep=1)
+        cache = getattr(out, name)
         times = []
         for _ in range(steps):
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
             start = time.perf_counter()
-            out = model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-            torch.log_softmax(out.logits[:, -1].float(), dim=-1).numpy()
+            out = model(input_ids=tok, use_cache=True, logits_to_keep=1, **{name: cache})
+            cache = getattr(out, name)
+            torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu().numpy()
             times.append(time.perf_counter() - start)
     return times
 
@@ -212,7 +217,7 @@ def run_hf(lm: Any, prompt: str, n: int, tokens: int, seed: int) -> tuple[float,
     eos = [int(e) for e in lm.vocab.eos_ids]
     torch.manual_seed(seed)
     start, cpu = time.perf_counter(), time.process_time()
-    ids = torch.tensor([lm.encode(prompt)])
+    ids = torch.tensor([lm.encode(prompt)], device=lm.device)
     with torch.inference_mode():
         out = lm.model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=tokens,

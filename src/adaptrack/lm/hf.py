@@ -303,8 +303,9 @@ class TransformersLM(LanguageModel):
 
     def _trim(self) -> None:
         """Once ``TRIM_BYTES`` of KV tensors were freed and ``TRIM_SECONDS`` passed, hand the
-        heap's free pages back."""
-        if self._freed >= TRIM_BYTES and time.monotonic() - self._trimmed >= TRIM_SECONDS:
+        heap's free pages back. KV tensors on a GPU are not on the C heap: no trim there."""
+        if (self._freed >= TRIM_BYTES and self.device.type == "cpu"
+                and time.monotonic() - self._trimmed >= TRIM_SECONDS):
             self._freed, self._trimmed = 0, time.monotonic()
             _trim_heap()
 
@@ -381,23 +382,26 @@ class TransformersLM(LanguageModel):
         width, steps = max(kept), max(len(t) for t in new)
         rows = len(prefixes)
         dev = self.device
-        ids = torch.zeros((rows, steps), dtype=torch.long, device=dev)
-        pos = torch.zeros((rows, steps), dtype=torch.long, device=dev)
-        mask = torch.ones((rows, width + steps), dtype=torch.long, device=dev)
         # Many new positions per row (a prefill, a long chain) amortize the copy, and their
         # scores would be materialized: those passes copy.
         common = self._common_base(sources) if width and steps <= SHARED_MAX_STEPS else None
         skip = common[1] if common is not None else 0  # the padding follows the shared part
+        # Inputs are built on the host and moved once each: writing rows into device tensors
+        # would be a host-to-device copy per row.
+        ids = np.zeros((rows, steps), dtype=np.int64)
+        mask = np.ones((rows, width + steps), dtype=np.int64)
         for r, (n, toks) in enumerate(zip(kept, new, strict=True)):
-            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            pos[r] = torch.arange(n, n + steps)
+            ids[r, : len(toks)] = toks
             mask[r, skip: skip + width - n] = 0  # left padding of the kept state
+        pos = np.asarray(kept, dtype=np.int64)[:, None] + np.arange(steps, dtype=np.int64)
         cache = self._batched_cache(sources, width, common) if width else None
-        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": pos, "use_cache": self.reuse}
+        kwargs: dict[str, Any] = {"input_ids": torch.from_numpy(ids).to(dev),
+                                  "position_ids": torch.from_numpy(pos).to(dev),
+                                  "use_cache": self.reuse}
         if cache is not None:
             kwargs[self._cache_arg] = cache
         if rows > 1:  # one row has no padding, so no mask
-            kwargs["attention_mask"] = mask
+            kwargs["attention_mask"] = torch.from_numpy(mask).to(dev)
         if rows == 1:
             out = self.model(**kwargs, logits_to_keep=outs[0])
             logits = out.logits[0, -outs[0]:]
@@ -407,9 +411,12 @@ class TransformersLM(LanguageModel):
             # The vocabulary projection only at the columns some row needs.
             cols = sorted(set(col_ids))
             out = self.model(**kwargs, logits_to_keep=torch.tensor(cols, device=dev))
-            at = {c: j for j, c in enumerate(cols)}
-            logits = out.logits[torch.tensor(row_ids, device=dev),
-                                torch.tensor([at[c] for c in col_ids], device=dev)]
+            if len(cols) == 1 and len(row_ids) == rows:  # a decode step: one output per row
+                logits = out.logits[:, 0]  # a view; the gather would copy rows x vocabulary
+            else:
+                at = {c: j for j, c in enumerate(cols)}
+                logits = out.logits[torch.tensor(row_ids, device=dev),
+                                    torch.tensor([at[c] for c in col_ids], device=dev)]
         self.forward_calls += 1
         self.fed_tokens += sum(len(t) for t in new)
         if common is not None and not _shared.all_attended(cache):
