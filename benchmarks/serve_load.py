@@ -15,7 +15,8 @@ then are reported as "not run".
 Per configuration: requests answered 200 with JSON valid under the schema ("ok"), failed
 (any other answer or invalid JSON), not run; wall time from the first request's start to the
 last one's end; requests/s and completion tokens/s over that wall time; p50 and p99 latency;
-model calls per request (the ``adaptrack`` field); the CPU seconds the client threads
+model calls per request (the ``adaptrack`` field); requests the server's CD fallback
+answered after the search ran past ``--search-seconds``; the CPU seconds the client threads
 used (they share the machine with the server). The last table gives each method's
 throughput at each concurrency over its one-at-a-time throughput; the target is at least 3×
 for cd at 16 concurrent requests (transformers backend, a CPU).
@@ -77,6 +78,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "adaptrack", "serve", "--host", "127.0.0.1", "--port", "0",
            "--backend", args.backend, "--max-concurrent", str(max(args.concurrency)),
            "--max-queue", str(args.requests), "--timeout", str(args.time_limit),
+           "--search-seconds", str(args.search_seconds),
            "--log-level", "warning"]
     if args.model:
         cmd += ["--model", args.model]
@@ -126,7 +128,8 @@ def one(client, method: str, i: int, max_tokens: int, fast_forward: bool = True)
     return {"ok": valid(text), "error": None if valid(text) else f"invalid JSON: {text!r}",
             "seconds": ended - started, "start": started, "end": ended,
             "tokens": r.usage.completion_tokens,
-            "lm_calls": r.model_extra["adaptrack"]["lm_calls"]}
+            "lm_calls": r.model_extra["adaptrack"]["lm_calls"],
+            "fallback": bool(r.model_extra["adaptrack"]["fallback_choices"])}
 
 
 def configuration(client, method: str, concurrency: int, args: argparse.Namespace,
@@ -166,6 +169,7 @@ def configuration(client, method: str, concurrency: int, args: argparse.Namespac
         "p99": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
         if latencies else float("nan"),
         "calls": statistics.mean(r["lm_calls"] for r in ok) if ok else float("nan"),
+        "fallback": sum(r["fallback"] for r in ok),
         "client_cpu": cpu,
     }
 
@@ -220,6 +224,8 @@ def main() -> None:
                         type=lambda t: [int(x) for x in t.split(",")])
     parser.add_argument("--methods", default="cd,adaptrack", type=lambda t: t.split(","))
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--search-seconds", type=float, default=60.0,
+                        help="the server's search budget, past which CD answers (default 60)")
     parser.add_argument("--no-fast-forward", action="store_true",
                         help="requests with fast_forward: false (forced tokens one by one)")
     parser.add_argument("--time-limit", type=float, default=600.0,
@@ -260,12 +266,13 @@ def main() -> None:
         proc.terminate()
         code = proc.wait(120)
     print("| method | clients | ok | failed | not run | wall s | requests/s | tokens/s | "
-          "p50 s | p99 s | lm_calls/request | client CPU s |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "p50 s | p99 s | lm_calls/request | by the CD fallback | client CPU s |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(f"| {r['method']} | {r['concurrency']} | {r['ok']} | {r['failed']} | "
               f"{r['not_run']} | {r['wall']:.1f} | {r['rps']:.2f} | {r['tps']:.1f} | "
-              f"{r['p50']:.2f} | {r['p99']:.2f} | {r['calls']:.1f} | {r['client_cpu']:.2f} |")
+              f"{r['p50']:.2f} | {r['p99']:.2f} | {r['calls']:.1f} | {r['fallback']} | "
+              f"{r['client_cpu']:.2f} |")
     print("\n| method | clients | throughput / one at a time | target |")
     print("|---|--:|--:|:-:|")
     for method in args.methods:
