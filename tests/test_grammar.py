@@ -315,7 +315,12 @@ def test_every_grammar_failure_is_a_grammar_error():
     with pytest.raises(GrammarError, match=r"llguidance failed on this regex: .*limits"):
         for n in range(2000):
             m.allowed((0,) * n)
-    assert m.allowed(m.start()).tolist() == [0, 1]  # the next masks still work
+    # The next masks still work, also where none is cached: after the failure the matcher
+    # starts from a new llguidance matcher (the old one's copies share its spent lexer).
+    assert m.allowed(m.start()).tolist() == [0, 1]
+    m._masks.clear()
+    assert m.allowed((0,) * 3).tolist() == [0] and m.allowed((1,)).tolist() == [2]
+    assert m.stats()["grammar_restarts"] >= 1
 
 
 # Issue 16: a long-lived llguidance matcher moved by ``rollback`` returned masks of the text
