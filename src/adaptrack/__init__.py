@@ -20,6 +20,7 @@ from .errors import (
     PromptTooLongError,
     SearchLimitError,
     SearchTimeoutError,
+    TokenizerError,
     TreeLimitError,
 )
 from .generate import (
@@ -58,6 +59,7 @@ __all__ = [
     "SearchTimeoutError",
     "TableLM",
     "Tokenizer",
+    "TokenizerError",
     "TreeLimitError",
     "Vocabulary",
     "constraints",
