@@ -15,7 +15,10 @@ copy (1-20 µs) of the nearest checkpoint, a copy kept every :data:`_CHECKPOINT_
 tokens along the way, and consumes the rest. llguidance's ``rollback`` is never used: it
 keeps the mask cache of its Earley parser (keyed by lexer state and row index), and a
 row index reused after a rollback then returns the mask of the text rolled back (llguidance
-1.9: after ``"age"`` a JSON-schema matcher allowed digits before the ``:``).
+1.9: after ``"age"`` a JSON-schema matcher allowed digits before the ``:``). A copy shares
+its original's lexer, whose resource limits are spent for all of them at once: after a
+failure the cursor starts again from a new matcher (see ``_Track``), so a state fails here
+only where a new llguidance matcher fails too.
 
 Forced bytes are walked on a second matcher of the same grammar, over a tokenizer of one
 token per byte, moved the same way by the bytes of a state's tokens: its masks have 257
