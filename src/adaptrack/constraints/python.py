@@ -169,8 +169,9 @@ def _bound_later(text: str, msg: str) -> bool:
             got = _compiles(f"{text}\n{indent}{' = '.join(names)} = None\n", _FLAGS)
             if got is None or got == "incomplete input":
                 return True
-            if _NO_BINDING.fullmatch(got) and _NO_BINDING.fullmatch(got).group(1) not in names:
-                msg = got
+            other = _NO_BINDING.fullmatch(got or "")
+            if other is not None and other.group(1) not in names:
+                msg = got  # another name to bind as well
                 break
         else:
             return False
