@@ -9,12 +9,12 @@ tokens one by one in probability order with the validity-aware top-p cutoff
   takes the end of the input as the end of the statement, so for a text it rejects, the
   text followed by a backslash-newline (the line goes on) is tried, after completing the
   token the text may have cut short (a keyword ``el`` or soft keyword ``cas``, ``!`` of
-  ``!=``, ``-`` of ``->``, ``..`` of ``...``, a number ``1e``, a string's closing quote or
-  its quotes after a prefix letter ``b``).
-  A ``nonlocal`` name that nothing binds yet is fine where a line that binds it can
-  follow. A text that some continuation makes a valid prefix is one, so these tries never
-  accept an invalid text; the one approximation is an unfinished f-string, whose fields are taken
-  as they come. Measured: 0 wrong rejections over the 103 724 character cuts of
+  ``!=``, ``-`` of ``->``, ``..`` of ``...``, ``*`` of ``**``, a number ``1e``, a
+  string's closing quote or its quotes after a prefix letter ``b``). A ``nonlocal`` name
+  that nothing binds yet is fine where a line that binds it can follow. A text that some
+  continuation makes a valid prefix is one, so these tries never accept an invalid text;
+  the one approximation is an unfinished f-string, whose fields are taken as they come.
+  Measured: 0 wrong rejections over the 103 724 character cuts of
   HumanEval's 164 canonical programs and over a seeded sample of 30 000 cuts, at any byte
   offset, of the standard library's files up to 32 KB (tests/test_python_constraint.py;
   costs in docs/benchmarks.md).
@@ -64,13 +64,14 @@ _KEYWORDS = ("False", "None", "True", "and", "as", "assert", "async", "await", "
 # Endings of a token the text may have cut short, each tried before a line continuation
 # where the text's end can take it: "=" of "==" / "!=" / ":=" (and of any augmented
 # operator), ">" of "->" / ">>", "." of the Ellipsis "..." ("type(.." is a prefix of
-# "type(...)"), "0" of a number ("1e", "0x", ".5e-", "."; the match may start inside a
-# longer number or name, which costs a parse, never a verdict) or of a name that is a
-# keyword so far ("in" of "int"), a closing quote.
+# "type(...)"), "*" of "**" ("f(*a, *" of "f(*a, **k)"), "0" of a number ("1e", "0x",
+# ".5e-", "."; the match may start inside a longer number or name, which costs a parse,
+# never a verdict) or of a name that is a keyword so far ("in" of "int"), a closing quote.
 _TOKEN_ENDS = (
     ("=", re.compile(r"[-!:=<>*/+%&|^@]\Z")),
     (">", re.compile(r"[->]\Z")),
     (".", re.compile(r"(?<!\.)\.\.\Z")),
+    ("*", re.compile(r"(?<!\*)\*\Z")),
     ("0", re.compile(r"(?:\d[\w.]*(?:[eE][+-])?|\.|(?<!\w)(?:"
                      + "|".join([*keyword.kwlist, *keyword.softkwlist]) + r"))\Z")),
 )
