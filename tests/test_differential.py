@@ -155,9 +155,8 @@ def test_grammar_matcher_equals_fresh_llguidance_on_random_walks(name):
         check(m, tok, state, rng, detours)
         r = rng.random()
         if r < 0.35 and pos < len(spine):  # ahead along the spine, with no mask between
-            step = rng.randint(2, 24)
-            pos = min(len(spine), pos + step)
-            jumps += step > 1
+            pos = min(len(spine), pos + rng.randint(2, 24))
+            jumps += 1
             state = tuple(spine[:pos])
         elif r < 0.55:  # back to an earlier state
             state = rng.choice(seen)
