@@ -369,6 +369,29 @@ def test_bench_ff(tmp_path: Path, llama3: Tokenizer) -> None:
     assert r0["llguidance_agreement"] < 1.0
 
 
+def test_bench_ff_counts_a_failed_instance_and_goes_on(
+        tmp_path: Path, llama3: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The error the grammar matcher raises past llguidance's limits is a GrammarError (a
+    # catch of RuntimeError let it abort the run).
+    pytest.importorskip("llguidance")
+    from adaptrack.errors import GrammarError
+    from adaptrack.eval.ffbench import bench_ff
+    from adaptrack.sampling import fastforward
+
+    real, calls = fastforward.forced_tokens, []
+
+    def failing_once(tok, matcher, state, *args, **kwargs):
+        calls.append(state)
+        if len(calls) == 3:
+            raise GrammarError("llguidance failed on this JSON schema: (a test)")
+        return real(tok, matcher, state, *args, **kwargs)
+
+    monkeypatch.setattr(fastforward, "forced_tokens", failing_once)
+    r = bench_ff(maskbench_file(tmp_path), LLAMA3, max_tokens=4)
+    assert r["failed_instances"] == 1 and r["instances"] == 3
+    assert r["noncanonical"] == 0 and r["matcher_restarts"] == 0
+
+
 def test_bench_cli(tmp_path: Path, llama3: Tokenizer, capsys: pytest.CaptureFixture) -> None:
     path = maskbench_file(tmp_path)
     assert main(["bench", "ff", "--data", str(path), "--tokenizer", str(LLAMA3),

@@ -213,3 +213,55 @@ def test_logprobs_along_many_default_rows() -> None:
     got = lm.logprobs_along_many([((0,), (1, 2)), ((3,), ()), ((4, 5), (6,))])
     assert [g.shape[0] for g in got] == [3, 1, 2]
     assert np.allclose(got[2], lm.next_logprobs([(4, 5), (4, 5, 6)]))
+
+
+class FailingForcing(at.constraints.Constraint):
+    """``NAMES`` whose matcher raises ``GrammarError`` when asked for forced bytes (as a
+    grammar matcher does past llguidance's resource limits)."""
+
+    def bind(self, vocab):
+        m = NAMES.bind(vocab)
+
+        def forced_bytes(state, limit=None):
+            raise at.GrammarError("llguidance failed on this grammar: (a test)")
+
+        m.forced_bytes = forced_bytes
+        return m
+
+
+@pytest.mark.parametrize("method", ["cd", "asap", "adaptrack", "exact"])
+def test_a_constraints_error_in_forced_tokens_reaches_the_caller(method: str) -> None:
+    # It is a ValueError too: a catch of ValueError around forced_tokens dropped the chain
+    # in silence (cd's samples then follow another target).
+    with pytest.raises(at.GrammarError, match="a test"):
+        at.generate(CountingLM(), [], FailingForcing(), method=method, n=3, seed=0,
+                    max_new_tokens=6)
+
+
+def spaced_tokenizer() -> at.Tokenizer:
+    """A tokenizer whose ids do not reproduce the text: it puts a ``1`` first, as a
+    SentencePiece tokenizer puts a space."""
+    vocab = CountingLM().vocab
+    return at.Tokenizer(vocab, lambda text: [VOCAB.index(b"1"),
+                                             *vocab.longest_match(text.encode())])
+
+
+@pytest.mark.parametrize("method", ["cd", "asap", "adaptrack", "exact"])
+def test_forced_bytes_the_tokenizer_cannot_encode_get_no_chain_and_change_nothing(
+        method: str) -> None:
+    # The documented fallback: no chain at such a prefix, counted; every valid token stays
+    # valid there, so the samples are those without fast-forward, forced or prefilled.
+    for force in (True, False, None):
+        ff = FastForward(tokenizer=spaced_tokenizer(), force=force)
+        res = at.generate(CountingLM(), [], LONG, method=method, n=12, seed=3,
+                          max_new_tokens=8, fast_forward=ff)
+        plain = at.generate(CountingLM(), [], LONG, method=method, n=12, seed=3,
+                            max_new_tokens=8, fast_forward=False)
+        assert res.stats["ff_unencodable"] >= 1 and res.stats["ff_sequences"] == 0
+        assert plain.stats["ff_unencodable"] == 0
+        assert [s.tokens for s in res.samples] == [s.tokens for s in plain.samples]
+    dist = at.exact_distribution(CountingLM(), [], LONG, max_new_tokens=8,
+                                 fast_forward=FastForward(tokenizer=spaced_tokenizer(),
+                                                          force=True))
+    assert dist == at.exact_distribution(CountingLM(), [], LONG, max_new_tokens=8,
+                                         fast_forward=False)

@@ -315,7 +315,12 @@ def test_every_grammar_failure_is_a_grammar_error():
     with pytest.raises(GrammarError, match=r"llguidance failed on this regex: .*limits"):
         for n in range(2000):
             m.allowed((0,) * n)
-    assert m.allowed(m.start()).tolist() == [0, 1]  # the next masks still work
+    # The next masks still work, also where none is cached: after the failure the matcher
+    # starts from a new llguidance matcher (the old one's copies share its spent lexer).
+    assert m.allowed(m.start()).tolist() == [0, 1]
+    m._masks.clear()
+    assert m.allowed((0,) * 3).tolist() == [0] and m.allowed((1,)).tolist() == [2]
+    assert m.stats()["grammar_restarts"] >= 1
 
 
 # Issue 16: a long-lived llguidance matcher moved by ``rollback`` returned masks of the text
@@ -551,3 +556,52 @@ def test_default_vocabulary_generate_lark(default_vocab):
     res = at.generate(lm, [], lark('start: "yes" | "no" | "maybe"'), method="exact", n=4,
                       seed=0, max_new_tokens=6)
     assert all(s.valid and s.text in {"yes", "no", "maybe"} for s in res.samples)
+
+
+class _Dry:
+    """An llguidance matcher whose lexer runs dry on more than one token consumed at once
+    (as a real one does after enough bytes with no mask in between)."""
+
+    def __init__(self, inner: LLMatcher) -> None:
+        self.inner, self.failed = inner, False
+
+    def deep_copy(self) -> _Dry:
+        return _Dry(self.inner.deep_copy())
+
+    def consume_tokens(self, ids: list[int]) -> bool:
+        if len(ids) > 1:
+            self.failed = True
+            return False
+        return self.inner.consume_tokens(ids)
+
+    def compute_bitmask(self) -> bytes:
+        return self.inner.compute_bitmask()
+
+    def is_error(self) -> bool:
+        return self.failed or self.inner.is_error()
+
+    def get_error(self) -> str:
+        return "lexer error: too many expressions constructed" if self.failed else \
+            self.inner.get_error()
+
+
+def test_a_replay_that_fails_again_goes_one_token_at_a_time_with_masks():
+    from adaptrack.constraints.grammar import _Track
+
+    vocab = toy_vocab()
+    m = GrammarMatcher(json_schema(SCHEMA), vocab)
+    m._tokens = _Track(lambda: _Dry(m._new_matcher()), list, 8, "JSON schema")
+    want = GrammarMatcher(json_schema(SCHEMA), vocab)
+    state = want.start()
+    rng = random.Random(3)
+    for _ in range(20):
+        text = [t for t in want.allowed(state).tolist() if not vocab.is_eos(t)]
+        state = want.advance(state, rng.choice(text))
+    # A jump of 20 tokens: the copy of the root fails, so does a new matcher; a third,
+    # with a mask before each token, gets there.
+    assert m.allowed(state).tolist() == want.allowed(state).tolist()
+    assert m.stats()["grammar_restarts"] == 2
+    # From there on one token at a time works on the cursor as it is.
+    nxt = m.advance(state, int(m.allowed(state)[0]))
+    assert m.allowed(nxt).tolist() == want.allowed(nxt).tolist()
+    assert m.stats()["grammar_restarts"] == 2

@@ -21,6 +21,7 @@ from .errors import (
     PromptTooLongError,
     SearchLimitError,
     SearchTimeoutError,
+    TokenizerError,
     TreeLimitError,
 )
 from .generate import (
@@ -62,6 +63,7 @@ __all__ = [
     "SearchTimeoutError",
     "TableLM",
     "Tokenizer",
+    "TokenizerError",
     "TreeLimitError",
     "Vocabulary",
     "constraints",

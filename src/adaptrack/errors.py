@@ -54,6 +54,12 @@ class GrammarError(AdaptrackError, ValueError):
     (for example its lexer or parser resource limits)."""
 
 
+class TokenizerError(AdaptrackError, ValueError):
+    """A tokenizer cannot encode a text: its tokens' bytes do not reproduce it (a
+    SentencePiece tokenizer that prepends a space, a normalizer), or no token of the
+    vocabulary starts at one of its bytes."""
+
+
 class PromptTooLongError(AdaptrackError, ValueError):
     """The prompt plus ``max_new_tokens`` does not fit in the model's context window."""
 

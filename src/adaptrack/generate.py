@@ -96,6 +96,8 @@ class GenerationResult:
     ``forced_tokens`` (the tokens fed in them; ``cd`` and ``asap`` feed a chain from its
     head, ``adaptrack`` and ``exact`` only once a walk steps into it, so the
     head is then a call of its own and the chain starts after the first forced token),
+    ``ff_unencodable`` (prefixes left without a chain because the tokenizer cannot encode
+    their forced bytes: see :class:`~adaptrack.sampling.fastforward.FastForward`),
     ``seconds``, ``prompt_tokens`` (after any truncation), ``fallback_samples`` (samples
     the fallback drew) and the constraint's own counters (a predicate adds ``checks``,
     ``check_timeouts`` and ``check_seconds``). ``fallback``: the message of the budget the
@@ -392,6 +394,7 @@ class _Call:
             "incomplete": sum(not s.complete for s in finished),
             "ff_sequences": tree.ff_sequences,
             "forced_tokens": tree.forced_tokens,
+            "ff_unencodable": tree.ff_unencodable,
             "prompt_tokens": len(self.ids),
             "fallback_samples": sum(s.fallback for s in finished),
             "seconds": (self.finished or time.perf_counter()) - self.started,

@@ -15,7 +15,10 @@ copy (1-20 µs) of the nearest checkpoint, a copy kept every :data:`_CHECKPOINT_
 tokens along the way, and consumes the rest. llguidance's ``rollback`` is never used: it
 keeps the mask cache of its Earley parser (keyed by lexer state and row index), and a
 row index reused after a rollback then returns the mask of the text rolled back (llguidance
-1.9: after ``"age"`` a JSON-schema matcher allowed digits before the ``:``).
+1.9: after ``"age"`` a JSON-schema matcher allowed digits before the ``:``). A copy shares
+its original's lexer, whose resource limits are spent for all of them at once: after a
+failure the cursor starts again from a new matcher (see ``_Track``), so a state fails here
+only where a new llguidance matcher fails too.
 
 Forced bytes are walked on a second matcher of the same grammar, over a tokenizer of one
 token per byte, moved the same way by the bytes of a state's tokens: its masks have 257
@@ -34,7 +37,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer, regex_to_lark
@@ -312,25 +315,75 @@ def _failure(kind: str, matcher: LLMatcher) -> GrammarError:
                         "simplify the grammar or shorten max_new_tokens)")
 
 
+class _Spent(Exception):
+    """An llguidance matcher failed where a new one may not (see :meth:`_Track.run`)."""
+
+    def __init__(self, error: GrammarError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _dead_end(matcher: LLMatcher) -> bool:
+    """Whether ``matcher`` stopped because no token continues its text (not a failure)."""
+    return matcher.get_error().startswith("NoExtensionBias")
+
+
+T = TypeVar("T")
+
+
 class _Track:
     """An llguidance matcher, the cursor, moved to token tuples as the module doc says:
     forward from where it is when that is a prefix of the target, else from a copy of the
-    nearest checkpoint (or of ``root``, which never consumes). ``ids(tokens)`` is what the
-    matcher consumes for ``tokens`` (the tokens themselves, or their bytes)."""
+    nearest checkpoint (or of ``root``, which never consumes). ``new()`` makes a new
+    llguidance matcher of the grammar; ``ids(tokens)`` is what the matcher consumes for
+    ``tokens`` (the tokens themselves, or their bytes).
 
-    def __init__(self, root: LLMatcher, ids: Callable[[tuple[int, ...]], list[int]],
-                 checkpoints: int, kind: str) -> None:
-        self.root, self.ids, self.kind = root, ids, kind
-        self.cursor = root.deep_copy()
+    The copies of a matcher share its lexer, and llguidance's lexer fails for good once
+    it runs out of *fuel* (or of states): every copy then fails, the root too. It refills
+    the fuel only when it computes a mask, so tokens consumed with no mask in between (a
+    jump from a checkpoint) can run it dry where a new matcher, whose first fuel is not a
+    step's, consumes them. :meth:`run` therefore restarts from a new matcher, with a lexer
+    of its own, and if that fails too, from another one that computes a mask before each
+    token it consumes."""
+
+    def __init__(self, new: Callable[[], LLMatcher],
+                 ids: Callable[[tuple[int, ...]], list[int]], checkpoints: int,
+                 kind: str) -> None:
+        self.new, self.ids, self.kind = new, ids, kind
+        self.root = new()
+        self.cursor = self.root.deep_copy()
         self.at: tuple[int, ...] = ()
         self.checkpoints: LRU[tuple[int, ...], LLMatcher] = LRU(checkpoints)
+        self.restarts = 0
 
     def reset(self) -> None:
-        """Drop the cursor (an llguidance error is permanent)."""
+        """Drop the cursor (an llguidance error is permanent; the lexer is still sound)."""
         self.cursor, self.at = self.root.deep_copy(), ()
 
-    def goto(self, state: tuple[int, ...]) -> LLMatcher:
-        """The cursor, moved to ``state``."""
+    def restart(self) -> None:
+        """Start again from a new matcher: the checkpoints share the old one's lexer."""
+        self.root = self.new()
+        self.checkpoints.clear()
+        self.reset()
+        self.restarts += 1
+
+    def run(self, state: tuple[int, ...], compute: Callable[[LLMatcher], T]) -> T:
+        """``compute`` on the cursor moved to ``state`` (states are valid: only
+        llguidance's resource limits make a matcher fail on the way, or ``compute`` raise
+        :class:`_Spent`). After a failure, once more from a new matcher, then from another
+        one with a mask before each token; a third failure is a :class:`GrammarError`."""
+        for attempt in range(3):
+            try:
+                return compute(self.goto(state, masks=attempt == 2))
+            except _Spent as spent:
+                self.restart()
+                if attempt == 2:
+                    raise spent.error from None
+        raise AssertionError("unreachable")
+
+    def goto(self, state: tuple[int, ...], masks: bool = False) -> LLMatcher:
+        """The cursor, moved to ``state`` (``masks``: a mask computed before each token,
+        which refills llguidance's lexer fuel); :class:`_Spent` if it fails."""
         at, every = self.at, _CHECKPOINT_EVERY
         if len(at) > len(state) or state[: len(at)] != at:
             at, cursor = (), None
@@ -346,11 +399,19 @@ class _Track:
         cursor, k = self.cursor, len(at)
         while k < len(state):
             stop = min(len(state), (k // every + 1) * every)
-            if not cursor.consume_tokens(self.ids(state[k:stop])):
-                # States are valid by construction: only llguidance's resource limits get here.
+            if masks:
+                ok = True
+                for token in state[k:stop]:
+                    cursor.compute_bitmask()
+                    ok = not cursor.is_error() and cursor.consume_tokens(self.ids((token,)))
+                    if not ok:
+                        break
+            else:
+                ok = cursor.consume_tokens(self.ids(state[k:stop]))
+            if not ok:
                 err = _failure(self.kind, cursor)
                 self.reset()
-                raise err
+                raise _Spent(err)
             k = stop
             self.at = state[:k]
             if k % every == 0 and self.at not in self.checkpoints:
@@ -384,7 +445,7 @@ class GrammarMatcher(Matcher):
         self.grammar, self.vocab = grammar, vocab
         self.ll = ll_vocab(vocab)
         self._n_checkpoints = checkpoints
-        self._tokens = _Track(self._new_matcher(), list, checkpoints, grammar.kind)
+        self._tokens = _Track(self._new_matcher, list, checkpoints, grammar.kind)
         self._bytes: _Track | None = None  # see _byte_track
         self._byte_eos = 0
         self._masks: LRU[tuple[int, ...], tuple[np.ndarray, bool]] = LRU(
@@ -401,7 +462,7 @@ class GrammarMatcher(Matcher):
 
     def _goto(self, state: tuple[int, ...]) -> LLMatcher:
         """The token matcher at ``state``."""
-        return self._tokens.goto(state)
+        return self._tokens.run(state, lambda matcher: matcher)
 
     def _compute(self, matcher: LLMatcher) -> tuple[np.ndarray, bool]:
         """``matcher``'s mask: packed bits of the valid text tokens, and whether it accepts."""
@@ -412,23 +473,28 @@ class GrammarMatcher(Matcher):
         if matcher.is_error():
             # A dead end (no token continues the text, which is not accepted): llguidance
             # stops with this error instead of returning an empty mask.
-            if matcher.get_error().startswith("NoExtensionBias"):
+            if _dead_end(matcher):
                 if matcher is self._tokens.cursor:
                     self._tokens.reset()
                 return np.zeros_like(self.ll.text_bits), False
-            err = _failure(self.grammar.kind, matcher)
-            if matcher is self._tokens.cursor:
-                self._tokens.reset()
-            raise err
+            raise _failure(self.grammar.kind, matcher)
         eos = self.ll.eos
         return bits & self.ll.text_bits, bool(bits[eos >> 3] >> (eos & 7) & 1)
+
+    def _compute_on_cursor(self, matcher: LLMatcher) -> tuple[np.ndarray, bool]:
+        """:meth:`_compute` for :meth:`_Track.run`: a failure (a lexer error while the
+        mask is computed) starts the cursor again."""
+        try:
+            return self._compute(matcher)
+        except GrammarError as err:
+            raise _Spent(err) from None
 
     def _mask(self, state: tuple[int, ...]) -> tuple[np.ndarray, bool]:
         cached = self._masks.get(state)
         if cached is not None:
             return cached
         t0 = time.perf_counter()
-        found = self._compute(self._goto(state))
+        found = self._tokens.run(state, self._compute_on_cursor)
         self._masks.put(state, found)
         self.masks_computed += 1
         self.mask_seconds += time.perf_counter() - t0
@@ -501,13 +567,15 @@ class GrammarMatcher(Matcher):
         if found is not None and (not found[1] or (limit is not None and len(found[0]) >= limit)):
             self._forced.put(key, found)
             return found[0] if limit is None else found[0][:limit]
-        try:
-            found = self._walk_forced(key, limit)
-        except GrammarError:
-            # The byte matcher's lexer states may be spent (by an unbounded walk): a new
-            # matcher has its own; a second failure is the grammar's.
-            self._bytes = None
-            found = self._walk_forced(key, limit)
+        track = self._byte_track()
+
+        def walk(matcher: LLMatcher) -> tuple[bytes, bool]:
+            try:
+                return self._walk_forced(track, matcher, limit)
+            except GrammarError as err:  # the byte matcher's lexer, spent: start it again
+                raise _Spent(err) from None
+
+        found = track.run(key, walk)
         self._forced.put(key, found)
         return found[0]
 
@@ -522,14 +590,15 @@ class GrammarMatcher(Matcher):
             def ids(tokens: tuple[int, ...]) -> list[int]:
                 return [offset + b for t in tokens for b in bytes_of(t)]
 
-            self._bytes = _Track(self._new_matcher(tokenizer), ids, self._n_checkpoints,
-                                 self.grammar.kind)
+            self._bytes = _Track(lambda: self._new_matcher(tokenizer), ids,
+                                 self._n_checkpoints, self.grammar.kind)
         return self._bytes
 
-    def _walk_forced(self, state: tuple[int, ...], limit: int | None) -> tuple[bytes, bool]:
-        """The forced bytes at ``state`` (at most ``limit``), and whether the limit cut them."""
-        track = self._byte_track()
-        matcher, eos = track.goto(state), self._byte_eos
+    def _walk_forced(self, track: _Track, matcher: LLMatcher,
+                     limit: int | None) -> tuple[bytes, bool]:
+        """The forced bytes at the state of ``matcher``, ``track``'s cursor (at most
+        ``limit``), and whether the limit cut them."""
+        eos = self._byte_eos
         if limit is None:
             # Forcing changes a matcher for good: on a copy.
             copy = matcher.deep_copy()
@@ -559,7 +628,7 @@ class GrammarMatcher(Matcher):
         else:
             return bytes(out), True
         if walker.is_error():
-            if not walker.get_error().startswith("NoExtensionBias"):
+            if not _dead_end(walker):
                 raise _failure(self.grammar.kind, walker)
             if walker is matcher:  # a dead end (nothing forced): the cursor is spent
                 track.reset()
@@ -593,7 +662,11 @@ class GrammarMatcher(Matcher):
         return self._min_tokens
 
     def stats(self) -> dict[str, float]:
-        return {"grammar_masks": self.masks_computed, "grammar_mask_seconds": self.mask_seconds}
+        """Masks computed over the vocabulary, their seconds, and how often an llguidance
+        matcher was made anew after a resource-limit failure (``_Track.run``)."""
+        restarts = self._tokens.restarts + (self._bytes.restarts if self._bytes else 0)
+        return {"grammar_masks": self.masks_computed, "grammar_mask_seconds": self.mask_seconds,
+                "grammar_restarts": restarts}
 
 
 #: ``min_new_tokens`` of a language no token sequence reaches (larger than any budget).

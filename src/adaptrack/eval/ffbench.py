@@ -23,6 +23,11 @@ For every valid instance of every schema:
   its ff tokens (``llguidance_*`` counts).
 * *agreement*: at the positions of our walk where either side has ff tokens, the share
   where both have the same ones (``agreeing_positions / compared_positions``; 1.0 if none).
+* an instance where either side's llguidance matcher fails (its resource limits: a
+  ``GrammarError`` from ours) counts in ``failed_instances`` and in no other count, and the
+  walk goes on with the next one. ``matcher_restarts`` counts the llguidance matchers ours
+  made anew on the way after such a failure, which it then got past (``grammar_restarts``
+  of ``GrammarMatcher.stats``).
 """
 
 from __future__ import annotations
@@ -37,13 +42,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-#: Tries of ``forced_tokens`` at one position. The grammar matcher keeps one llguidance
-#: matcher for all its states; on schemas with counted repetitions in string patterns
-#: (``^(?:\\S+\\s+){0,199}\\S+$``) a few masks exhaust llguidance's lexer budget for that
-#: matcher ("too many expressions constructed", ``ParserTooComplex``) and it fails even on
-#: valid tokens. ``GrammarMatcher`` then starts a fresh llguidance matcher, so the same call
-#: succeeds on the next try (``matcher_restarts`` counts these).
-_ATTEMPTS = 3
+from ..errors import GrammarError
+
+
+class LLGuidanceFailed(RuntimeError):
+    """llguidance's own matcher (the side compared against) failed on an instance it had
+    accepted as a whole."""
 
 #: How many recent canonical tokens the walk hands to ``forced_tokens`` (it uses at most
 #: ``Tokenizer.context_tokens`` of them).
@@ -242,13 +246,16 @@ def bench_ff(
                     llm = LLMatcher(ll_tok, ll_grammar, log_level=0)  # errors are permanent
                     continue
                 llm.reset()
+                restarts = matcher.stats()["grammar_restarts"]
                 try:
                     stats = _walk(canon, text, tok, matcher, llm, forced_tokens, max_tokens,
                                   conservative, note)
-                except RuntimeError:  # llguidance's resource limits
+                except (GrammarError, LLGuidanceFailed):  # either side's resource limits
                     c["failed_instances"] += 1
                     llm = LLMatcher(ll_tok, ll_grammar, log_level=0)
                     continue
+                finally:
+                    c["matcher_restarts"] += matcher.stats()["grammar_restarts"] - restarts
                 c["instances"] += 1
                 c["tokens"] += len(canon)
                 for k, v in stats.items():
@@ -291,7 +298,7 @@ def _walk(canon: list[int], text: bytes, tok: Any, matcher: Any, llm: Any,
     s: dict[str, Any] = {k: 0 for k in (
         "ff_sequences", "forced_tokens", "noncanonical", "llguidance_ff_sequences",
         "llguidance_forced_tokens", "llguidance_noncanonical", "compared_positions",
-        "agreeing_positions", "ours_calls", "llguidance_calls", "matcher_restarts")}
+        "agreeing_positions", "ours_calls", "llguidance_calls")}
     s["ours_seconds"] = s["llguidance_seconds"] = 0.0
     at = 0  # tokens llm has consumed
     ours_pos = ll_pos = 0
@@ -299,7 +306,7 @@ def _walk(canon: list[int], text: bytes, tok: Any, matcher: Any, llm: Any,
         i = min(ours_pos, ll_pos)
         if i > at:
             if not llm.consume_tokens(canon[at:i]):
-                raise RuntimeError(llm.get_error())
+                raise LLGuidanceFailed(llm.get_error())
             at = i
         t0 = time.perf_counter()
         theirs = llm.deep_copy().compute_ff_tokens()
@@ -308,17 +315,8 @@ def _walk(canon: list[int], text: bytes, tok: Any, matcher: Any, llm: Any,
         if ours_pos == i:
             state = tuple(canon[:i])
             t0 = time.perf_counter()
-            for attempt in range(_ATTEMPTS):
-                try:
-                    ours, _ = forced_tokens(tok, matcher, state, canon[max(0, i - _RECENT):i],
-                                            max_tokens=max_tokens, conservative=conservative)
-                    break
-                except RuntimeError:
-                    # llguidance's resource limits (see _ATTEMPTS); the matcher replaced its
-                    # llguidance matcher with a fresh one: try again from there.
-                    if attempt + 1 == _ATTEMPTS:
-                        raise
-                    s["matcher_restarts"] += 1
+            ours, _ = forced_tokens(tok, matcher, state, canon[max(0, i - _RECENT):i],
+                                    max_tokens=max_tokens, conservative=conservative)
             s["ours_seconds"] += time.perf_counter() - t0
             s["ours_calls"] += 1
             if ours or theirs:

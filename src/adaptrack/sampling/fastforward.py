@@ -41,6 +41,13 @@ class FastForward:
     ``adaptrack`` and ``exact`` prefill; a :class:`~adaptrack.sampling.tree.PrefixTree`
     built directly forces).
 
+    Where the tokenizer cannot encode the forced bytes (a
+    :class:`~adaptrack.errors.TokenizerError`: a tokenizer that does not reproduce its
+    text, such as a SentencePiece one that prepends a space, or bytes no token starts)
+    they have no canonical tokenization, so that prefix gets no chain and every valid token
+    stays valid there, forced or not; ``stats["ff_unencodable"]`` counts such prefixes. An
+    error of the constraint is never taken for this: it reaches the caller.
+
     >>> FastForward(max_tokens=2).conservative, FastForward().force
     (False, None)
     """
@@ -115,7 +122,11 @@ class _ConstraintCheck:
         state = self.states[k]
         rest = self.data[self.offsets[k]:idx]
         if rest:
-            for tok in self.tokenizer.vocab.longest_match(rest):
+            try:
+                tokens = self.tokenizer.vocab.longest_match(rest)
+            except ValueError:  # no token starts at some byte: cannot tell
+                return None
+            for tok in tokens:
                 state = self._advance(state, tok)
         return state
 
@@ -161,6 +172,9 @@ def forced_tokens(tokenizer: Tokenizer, matcher: Matcher, state: State,
     every valid continuation, as far as the recipe's test can tell: it looks only for tokens
     that span the end. BPE merges inside one pre-token can still change when the pre-token
     grows (``":`` ``[]`` but ``":[`` ``],"``); docs/benchmarks.md counts how often.
+
+    A :class:`~adaptrack.errors.TokenizerError` says the tokenizer cannot encode the forced
+    bytes; every other error is the matcher's, passed on as it is.
 
     >>> from adaptrack.constraints import regex
     >>> from adaptrack.tokenization.vocab import Vocabulary

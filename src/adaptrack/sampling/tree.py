@@ -17,7 +17,7 @@ import numpy as np
 
 from ..cache import LRU
 from ..constraints.base import Matcher, State
-from ..errors import SearchTimeoutError, TreeLimitError
+from ..errors import SearchTimeoutError, TokenizerError, TreeLimitError
 from ..lm.base import LanguageModel
 from ..tokenization.tokenizer import Tokenizer
 from .fastforward import FastForward, forced_tokens
@@ -183,6 +183,7 @@ class PrefixTree:
             self._tokenizer = fast_forward.tokenizer or Tokenizer.for_model(lm)
         self.ff_sequences = 0  # forced chains fed (one model call each)
         self.forced_tokens = 0  # tokens in them
+        self.ff_unencodable = 0  # prefixes whose forced bytes the tokenizer cannot encode
 
     @property
     def cache_bytes(self) -> int:
@@ -305,7 +306,11 @@ class PrefixTree:
                     found, _ = forced_tokens(self._tokenizer, self.matcher, node.state, recent,
                                              max_tokens=ff.max_tokens,
                                              conservative=ff.conservative, limit=limit)
-                except ValueError:  # the tokenizer cannot encode them: feed token by token
+                except TokenizerError:
+                    # The forced bytes have no canonical tokenization (docs/design.md §2
+                    # defines chains by it): this prefix gets no chain, counted. Errors of
+                    # the constraint itself are not caught: they are the caller's.
+                    self.ff_unencodable += 1
                     found = []
                 tokens = tuple(found[:room])
             node.pending = tokens

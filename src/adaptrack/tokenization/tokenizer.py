@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import LRU
+from ..errors import TokenizerError
 from .vocab import Vocabulary
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -70,7 +71,8 @@ class Tokenizer:
     token, and the ids' bytes (``vocab.bytes_of``) must join to exactly ``text.encode()``
     (byte-level BPE tokenizers such as Llama 3's, Qwen's and SmolLM2's do; a SentencePiece
     tokenizer that prepends a space does not, and :meth:`encode_bytes` then raises
-    ``ValueError``).
+    :class:`~adaptrack.errors.TokenizerError`, a ``ValueError``; so it does where ``encode``
+    raises a ``ValueError``, or no token starts at a byte of text that is not UTF-8).
 
     ``context_tokens``: at most this many recent tokens are tokenized together with new
     bytes (see :meth:`tokenize_partial`).
@@ -165,9 +167,12 @@ class Tokenizer:
         found = self._encoded.get(text)
         if found is not None:
             return found
-        ids = [int(t) for t in self.encode(text)]
+        try:
+            ids = [int(t) for t in self.encode(text)]
+        except ValueError as err:  # e.g. a vocabulary with no token for some byte
+            raise TokenizerError(f"the tokenizer cannot encode {text[:40]!r}: {err}") from None
         if self.vocab.decode(ids) != text.encode():
-            raise ValueError(
+            raise TokenizerError(
                 f"the tokenizer does not reproduce the text {text[:40]!r}: its tokens' bytes "
                 f"are {self.vocab.decode(ids)[:40]!r} (a prepended space or a normalizer?)")
         self._encoded.put(text, ids)
@@ -195,7 +200,10 @@ class Tokenizer:
             except UnicodeDecodeError as err:
                 if err.start:
                     out += self._encode_text(data[pos:pos + err.start].decode())
-                out += self.vocab.longest_match(data[pos + err.start:pos + err.end])
+                try:
+                    out += self.vocab.longest_match(data[pos + err.start:pos + err.end])
+                except ValueError as bad:
+                    raise TokenizerError(str(bad)) from None
                 pos += err.end
         return out
 
