@@ -10,7 +10,7 @@ exact and shows in the ``fallback`` column. Columns per method: wall time as a r
 ``cd``'s, model calls, samples complete (of n) and samples the fallback drew; the summary
 gives each method's median and worst ratio over the requests.
 
-Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--methods cd,exact]
+Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--methods cd,exact] [--only TEXT]
       [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
 """
 
@@ -181,7 +181,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="six requests, n = 1")
     parser.add_argument("--n", default="1,5", help="sample counts, comma-separated")
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(m for m in METHODS if m != "unconstrained"),
+                        help="comma-separated labels of METHODS (default: all but "
+                             "unconstrained, which no constraint holds)")
     parser.add_argument("--json-whitespace", choices=("default", "flexible"), default="default")
     parser.add_argument("--end", choices=("leave", "eos"), default="leave")
     parser.add_argument("--max-seconds", type=float, default=120.0)
@@ -210,11 +212,11 @@ def main() -> None:
     head = " | ".join(f"{m}: × cd, calls, done, fb" for m in labels)
     print(f"| request | n | cd s | {head} |")
     print("|---|--:|--:|" + "---|" * len(labels))
-    ratios: dict[str, list[float]] = {m: [] for m in labels}
+    ratios: dict[tuple[str, int], list[float]] = {(m, n): [] for m in labels for n in ns}
     crossed: list[tuple[str, float]] = []
     short: dict[str, int] = {m: 0 for m in labels}
-    for req in reqs:
-        for n in ns:
+    for n in ns:  # every request at the first n before the next n: a cut run has one n whole
+        for req in reqs:
             got = {m: run(lm, req, n, m, args.json_whitespace, args.end, args.max_seconds, chat)
                    for m in labels}
             base = got["cd"]["s"]
@@ -223,7 +225,7 @@ def main() -> None:
             for m in labels:
                 r = got[m]
                 ratio = r["s"] / base
-                ratios[m].append(ratio)
+                ratios[m, n].append(ratio)
                 if "error" in r:
                     cells.append(f"{ratio:.1f} {r['error']}")
                     short[m] += n
@@ -234,10 +236,17 @@ def main() -> None:
             if args.texts:
                 for m in labels:
                     print(f"    {m}: {got[m].get('texts')}", file=sys.stderr)
-    print("\n| method | median × cd | worst × cd | samples not complete |")
-    print("|---|--:|--:|--:|")
+    print("\n| method | n | requests | median × cd | worst × cd |")
+    print("|---|--:|--:|--:|--:|")
     for m in labels:
-        print(f"| {m} | {statistics.median(ratios[m]):.2f} | {max(ratios[m]):.2f} | {short[m]} |")
+        for n in ns:
+            if ratios[m, n]:
+                print(f"| {m} | {n} | {len(ratios[m, n])} | {statistics.median(ratios[m, n]):.2f} "
+                      f"| {max(ratios[m, n]):.2f} |")
+    print("\n| method | samples not complete |")
+    print("|---|--:|")
+    for m in labels:
+        print(f"| {m} | {short[m]} |")
     if crossed:
         print("\nMass the whole-token `leave` drops at the end of cd's samples (tokens that "
               "cross the end, over those plus the tokens that leave):\n")
