@@ -630,6 +630,17 @@ def test_a_search_past_its_budget_is_answered_by_the_cd_fallback_and_says_so(toy
     assert out["adaptrack"]["fallback"] is None
 
 
+def test_search_seconds_bound_searches_only():
+    gate = Gate(delay=0.01)
+    with serving(gate.lm, search_seconds=0.05) as (url, _):
+        body = {"prompt": "x", "max_tokens": 12, "seed": 0, "guided_regex": "[a-z]{8}"}
+        status, out = post(url, "/v1/completions", {**body, "decoding_method": "cd"})
+        assert status == 200 and out["adaptrack"]["fallback"] is None  # 9 calls, ~0.1 s
+        status, out = post(url, "/v1/completions", {**body, "decoding_method": "exact"})
+        assert status == 200 and out["adaptrack"]["fallback_choices"] == [0]
+        assert "max_seconds=0.05" in out["adaptrack"]["fallback"]
+
+
 def test_the_end_policy_is_part_of_the_request(toy):
     url, lm, _ = toy
     body = {"prompt": "q", "n": 3, "max_tokens": 6, "seed": 0, "guided_regex": "[a-c]{1,4}",

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from .. import constraints
 from ..errors import SearchTimeoutError
-from ..generate import MAX_SECONDS, prepare
+from ..generate import MAX_SECONDS, SEARCHES, prepare
 from ..lm.base import LanguageModel
 from .engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES, EngineLoop, Job
 from .metrics import Metrics
@@ -145,8 +145,13 @@ class Server:
     def _prepare(self, body: bytes, kind: str) -> tuple[Options, list[Any]]:
         opts = parse(body, kind, self.lm, model=self.model_name,
                      chat_template=self.chat_template, max_n=self.max_n)
-        budgets = [b for b in (self.timeout, self.search_seconds) if b is not None]
-        calls = prepare_calls(self.lm, opts, max_seconds=min(budgets, default=None),
+        # Only a search (asap, adaptrack, exact) has the CD fallback to answer past its
+        # budget; cd and unconstrained sampling have the whole timeout.
+        budgets = [self.timeout]
+        if opts.method in SEARCHES:
+            budgets.append(self.search_seconds)
+        limits = [b for b in budgets if b is not None]
+        calls = prepare_calls(self.lm, opts, max_seconds=min(limits, default=None),
                               max_cache_bytes=REQUEST_CACHE_BYTES)
         return opts, calls
 
