@@ -6,12 +6,15 @@ For each request and n the methods run one after another on a fresh tree each (t
 KV cache is the backend's and shared), so every ratio to ``cd`` comes from the same minute of
 the same machine. A search runs with the library's defaults (``end="leave"``, the CD fallback)
 and a time budget of ``--max-seconds`` (default 120): a sample the fallback drew counts as not
-exact and shows in the ``fallback`` column. Columns per method: wall time as a ratio to
+exact and shows in the ``fallback`` column. Columns per method: CPU time as a ratio to
 ``cd``'s, model calls, samples complete (of n) and samples the fallback drew; the summary
-gives each method's median and worst ratio over the requests.
+gives each method's median and worst ratio over the requests. CPU time of the process, not
+wall time: with one torch thread (run it with ``OMP_NUM_THREADS=1``) it is the work done,
+which other jobs on a shared machine do not inflate; on an idle machine the two agree.
 
 Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--methods cd,exact] [--only TEXT]
       [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
+      [--kind json|regex|choice|lark]
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
         max_seconds: float, chat: Any) -> dict[str, Any]:
     method, options = METHODS[label]
     prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -167,8 +170,10 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
                               max_new_tokens=req.max_new_tokens, max_seconds=max_seconds,
                               end=end, **options)
         except at.AdaptrackError as err:
-            return {"s": time.perf_counter() - started, "error": type(err).__name__}
-    out = {"s": time.perf_counter() - started, "calls": res.stats["lm_calls"],
+            return {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
+                    "error": type(err).__name__}
+    out = {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
+           "calls": res.stats["lm_calls"],
            "complete": sum(s.complete for s in res.samples),
            "fallback": res.stats["fallback_samples"], "texts": res.texts}
     if label == "cd" and end == "leave":
@@ -188,6 +193,8 @@ def main() -> None:
     parser.add_argument("--end", choices=("leave", "eos"), default="leave")
     parser.add_argument("--max-seconds", type=float, default=120.0)
     parser.add_argument("--only", default=None, help="requests whose name contains this")
+    parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
+                        help="requests of this kind only")
     parser.add_argument("--texts", action="store_true", help="print every sample's text")
     args = parser.parse_args()
     labels = [m for m in args.methods.split(",") if m]
@@ -198,7 +205,8 @@ def main() -> None:
     from adaptrack.serve.protocol import hf_chat_template
 
     chat = hf_chat_template(lm)
-    reqs = [r for r in requests(args.quick) if args.only is None or args.only in r.name]
+    reqs = [r for r in requests(args.quick) if (args.only is None or args.only in r.name)
+            and args.kind in (None, r.kind)]
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
           f"end: {args.end}; max_seconds: {args.max_seconds:g}\n")
@@ -210,8 +218,8 @@ def main() -> None:
         at.generate(lm, "Hello", warm.constraint(args.json_whitespace), method="cd",
                     max_new_tokens=4)
     head = " | ".join(f"{m}: × cd, calls, done, fb" for m in labels)
-    print(f"| request | n | cd s | {head} |")
-    print("|---|--:|--:|" + "---|" * len(labels))
+    print(f"| request | n | cd CPU s | cd wall s | {head} |")
+    print("|---|--:|--:|--:|" + "---|" * len(labels))
     ratios: dict[tuple[str, int], list[float]] = {(m, n): [] for m in labels for n in ns}
     crossed: list[tuple[str, float]] = []
     short: dict[str, int] = {m: 0 for m in labels}
@@ -223,12 +231,12 @@ def main() -> None:
                         else req.prompt, None, method="unconstrained", max_new_tokens=1)
             got = {m: run(lm, req, n, m, args.json_whitespace, args.end, args.max_seconds, chat)
                    for m in labels}
-            base = got["cd"]["s"]
+            base = got["cd"]["cpu"]
             crossed += [(req.name, x) for x in got["cd"].get("crossing", [])]
             cells = []
             for m in labels:
                 r = got[m]
-                ratio = r["s"] / base
+                ratio = r["cpu"] / base
                 ratios[m, n].append(ratio)
                 if "error" in r:
                     cells.append(f"{ratio:.1f} {r['error']}")
@@ -236,7 +244,8 @@ def main() -> None:
                     continue
                 short[m] += n - r["complete"] if m != "unconstrained" else 0
                 cells.append(f"{ratio:.2f}, {r['calls']}, {r['complete']}, {r['fallback']}")
-            print(f"| {req.name} | {n} | {base:.1f} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {req.name} | {n} | {base:.1f} | {got['cd']['s']:.1f} | "
+                  + " | ".join(cells) + " |", flush=True)
             if args.texts:
                 for m in labels:
                     print(f"    {m}: {got[m].get('texts')}", file=sys.stderr)
