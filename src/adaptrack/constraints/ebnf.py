@@ -60,7 +60,8 @@ class _Rep:
     op: str
 
 
-_Expr = _Sym | _Lit | _Rep | tuple[Any, ...]  # a tuple is a group: alternatives, each a tuple of items
+# A tuple is a group: its alternatives, each a tuple of items.
+_Expr = _Sym | _Lit | _Rep | tuple[Any, ...]
 
 
 def _unescape(body: str, line: int) -> str:
