@@ -110,6 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="samples per problem and method (default: 2000, the paper's)")
     dsl.add_argument("--limit", type=positive_int, metavar="N",
                      help="run the first N problems of each dataset")
+    dsl.add_argument("--problems", metavar="ID,ID",
+                     type=lambda t: tuple(dict.fromkeys(x.strip() for x in t.split(",")
+                                                        if x.strip())),
+                     help="run only these problem ids (default: all of the datasets)")
     dsl.add_argument("--max-new-tokens", type=positive_int, default=dsl_task.MAX_NEW_TOKENS,
                      metavar="N", help="most tokens per sample (default: "
                                        f"{dsl_task.MAX_NEW_TOKENS}, the paper's)")
@@ -231,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.eval == "dsl":
         task = dsl_task.DslTask(
             model=args.model, backend=args.backend, device=args.device, methods=args.methods,
-            datasets=args.datasets, n=args.n, limit=args.limit, temperature=args.temperature,
+            datasets=args.datasets, n=args.n, limit=args.limit, problem_ids=args.problems,
+            temperature=args.temperature,
             max_new_tokens=args.max_new_tokens, max_seconds=args.max_seconds, seed=args.seed,
             data=args.data)
     else:

@@ -135,6 +135,8 @@ class DslTask(ModelTask):
     datasets: tuple[str, ...] = tuple(DATASETS)
     n: int = 2000
     limit: int | None = None
+    #: Problem ids to run (of the selected datasets); None: all.
+    problem_ids: tuple[str, ...] | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = MAX_NEW_TOKENS
@@ -165,7 +167,15 @@ class DslTask(ModelTask):
                 "seed": self.seed, "data": data_digest(self.data)}
 
     def problems(self) -> list[DslProblem]:
-        return problems(self.data, self.datasets, self.limit)
+        found = problems(self.data, self.datasets, self.limit)
+        if self.problem_ids is None:
+            return found
+        missing = set(self.problem_ids) - {p.id for p in found}
+        if missing:
+            raise ValueError(f"no problem {sorted(missing)[0]!r} among the selected ones "
+                             f"({', '.join(self.datasets)}"
+                             f"{f', first {self.limit} each' if self.limit else ''})")
+        return [p for p in found if p.id in self.problem_ids]
 
     def jobs(self) -> list[Job]:
         out: list[Job] = []
