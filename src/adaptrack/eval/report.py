@@ -6,7 +6,9 @@ the mean over problems of each problem's average, minimum and maximum), plus wal
 Only problems with a record for every method and setting in the file are counted, so a
 partial run compares methods on the same problems. Binary results give Table 4's KL, both
 exact (to the enumerated target) and the paper's sample-based estimate, and Figure 4's KL
-over sliding windows of a quarter of the samples. HumanEval and MBPP results give Table 3:
+over sliding windows of a quarter of the samples. DSL results give Table 4's KL(Q ‖ P_LM)
+per dataset (and the exact KL where a target was enumerated) and Figure 4 per dataset.
+HumanEval and MBPP results give Table 3:
 per method, pass@1 from the greedy completion, pass@k from the ``n`` samples by eq. 5, and
 the shares of samples that parse and that pass the name check.
 """
