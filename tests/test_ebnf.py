@@ -34,6 +34,12 @@ def test_dialect_features() -> None:
         assert not accepts(g, text), text
 
 
+def test_empty_alternatives_negated_classes_and_unicode() -> None:
+    assert accepts('root ::= ( "x" | ) "y"', "y") and accepts('root ::= ( "x" | ) "y"', "xy")
+    assert accepts('root ::= [^"/] [/]', "a/") and not accepts('root ::= [^"/] [/]', '"/')
+    assert accepts('root ::= "é\\u00e9" ""', "éé")
+
+
 def test_names_differing_in_case_do_not_clash() -> None:
     # llguidance's GBNF reader renames root to start and then clashes with Start; upper-case
     # names also become Lark terminals there, which cannot recurse.
