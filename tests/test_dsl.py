@@ -47,7 +47,7 @@ def test_study_on_an_exact_model(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     runner.run(task, path)
     s = report.dsl_scores(runner.read_results(path)[1])
-    assert s["common"] == ["binary_1", "cp_1"] and s["datasets"] == ["cp", "binary"]
+    assert s["common"] == ["cp_1", "binary_1"] and s["datasets"] == ["cp", "binary"]
     cells = s["cells"]["binary_1"]
     assert cells["cd"]["exact_kl"] > 0.4
     for m in ("adaptrack", "exact"):

@@ -667,22 +667,28 @@ def dsl_scores(records: list[Record]) -> dict[str, Any]:
             errors[r["method"]].append(r["problem"])
         else:
             cells[r["problem"]][r["method"]] = _dsl_run(r, targets.get(r["problem"]))
-    common = sorted(p for p, c in cells.items()
-                    if all(m in c and "kl" in c[m] for m in methods))
+    # Unconstrained is a reference, often without one sample that ended within the budget:
+    # it does not decide which problems the constrained methods are compared on.
+    required = [m for m in methods if m != "unconstrained"] or methods
+    first = {p: k for k, p in reversed(list(enumerate(r["problem"] for r in runs)))}
+    common = sorted((p for p, c in cells.items()
+                     if all(m in c and "kl" in c[m] for m in required)), key=first.__getitem__)
     datasets = [d for d in DSL_COLUMNS if any(dataset_of[p] == d for p in common)]
     table: dict[str, dict[str, float]] = {m: {} for m in methods}
     curves: dict[str, dict[str, list[float]]] = {d: {} for d in datasets}
     for d in datasets:
         mine = [p for p in common if dataset_of[p] == d]
         for m in methods:
-            table[m][d] = float(np.mean([cells[p][m]["kl"] for p in mine]))
-            shortest = min(len(cells[p][m]["sliding"]) for p in mine)
-            curves[d][m] = np.mean([cells[p][m]["sliding"][:shortest] for p in mine],
-                                   axis=0).tolist()
+            if all("kl" in cells[p].get(m, {}) for p in mine):
+                table[m][d] = float(np.mean([cells[p][m]["kl"] for p in mine]))
+                shortest = min(len(cells[p][m]["sliding"]) for p in mine)
+                curves[d][m] = np.mean([cells[p][m]["sliding"][:shortest] for p in mine],
+                                       axis=0).tolist()
     for m in methods:  # weighted by problems, as the paper averages
-        if common:
+        if common and all("kl" in cells[p].get(m, {}) for p in common):
             table[m]["average"] = float(np.mean([cells[p][m]["kl"] for p in common]))
-    return {"methods": methods, "cells": dict(cells), "common": common, "datasets": datasets,
+    return {"methods": methods, "required": required, "cells": dict(cells), "common": common,
+            "datasets": datasets,
             "dataset_of": dataset_of, "table": table, "curves": curves, "targets": targets,
             "errors": dict(errors), "wall_seconds": wall_seconds(records),
             "job_seconds": sum(r.get("seconds", 0.0) for r in records)}
@@ -695,13 +701,14 @@ def dsl_report(header: dict[str, Any], records: list[Record],
     dataset: KL over sliding windows of a quarter of the samples)."""
     s = dsl_scores(records)
     methods, cells, common, datasets = s["methods"], s["cells"], s["common"], s["datasets"]
+    required = s["required"]
     counts = Counter(s["dataset_of"][p] for p in common)
     lines = [f"# DSL benchmarks (RQ4): {len(common)} problems, n = {header.get('n')}", "",
              f"{_about(header)}, top_p {header.get('top_p')}, max_new_tokens "
              f"{header.get('max_new_tokens')}, samples end with EOS. Wall time "
              f"{s['wall_seconds'] / 60:.1f} min ({s['job_seconds'] / 60:.1f} min of job time "
              "over all workers)."]
-    left = sorted(set(cells) - set(common))
+    left = [p for p in cells if p not in common]
     if left:
         lines.append(f"Left out (some method has no finished record or no sample that "
                      f"ended): {', '.join(left)}.")
@@ -721,22 +728,23 @@ def dsl_report(header: dict[str, Any], records: list[Record],
               "them (the paper's average, weighted by problems). With few samples per "
               "problem most samples are distinct and the number is dominated by their mean "
               "negative log-likelihood minus log n. Unconstrained: over every sample that "
-              "ended, in the grammar or not (for reference: its target is P_LM itself).", "",
-              *_table(columns, {m: [f"{s['table'][m][d]:.2f}" for d in [*datasets, "average"]]
-                                for m in methods})]
+              "ended, in the grammar or not (for reference: its target is P_LM itself); "
+              "blank where some problem has no unconstrained sample that ended.", "",
+              *_table(columns, {m: [f"{s['table'][m][d]:.2f}" if d in s["table"][m] else ""
+                                    for d in [*datasets, "average"]] for m in methods})]
     lines += ["", "## Per problem", "",
               "KL(Q ‖ P_LM) per method; in brackets the share of samples inside the grammar "
               "that ended (samples that did not end are left out of the KL).", "",
               "| Problem | " + " | ".join(METHOD_NAMES.get(m, m) for m in methods) + " |",
               "|---" * (1 + len(methods)) + "|"]
-    for p in sorted(common, key=lambda p: (list(DSL_COLUMNS).index(s["dataset_of"][p]), p)):
+    for p in sorted(common, key=lambda p: list(DSL_COLUMNS).index(s["dataset_of"][p])):
         lines.append(f"| {p} | " + " | ".join(
-            f"{cells[p][m]['kl']:.2f} ({100 * cells[p][m]['valid']:.0f}%)" for m in methods)
-            + " |")
+            (f"{cells[p][m]['kl']:.2f}" if "kl" in cells[p].get(m, {}) else "–")
+            + (f" ({100 * cells[p][m]['valid']:.0f}%)" if m in cells[p] else "")
+            for m in methods) + " |")
     exact = {p: s["targets"][p] for p in common if p in s["targets"]}
     for p, target in exact.items():
-        noise = iid_kls(target, min(cells[p][m]["used"] for m in methods
-                                    if m != "unconstrained"))
+        noise = iid_kls(target, min(cells[p][m]["used"] for m in required))
         lines += ["", f"## Exact KL to the enumerated target: {p}", "",
                   f"The target P(· | c) enumerated: {len(target)} token sequences. KL(Q ‖ "
                   f"P(· | c)) in nats, with no unknown offset; a perfect sampler shows "
@@ -744,7 +752,7 @@ def dsl_report(header: dict[str, Any], records: list[Record],
                   *_table(["exact KL", "samples outside the target"],
                           {m: [f"{cells[p][m].get('exact_kl', math.nan):.4f}",
                                str(cells[p][m].get("outside_target", 0))]
-                           for m in methods if m != "unconstrained"})]
+                           for m in required})]
     if plots is not None:
         lines += ["", "## KL over sliding windows (Figure 4)", ""]
         lines += [f"![{DSL_COLUMNS[d]}]({_plot_dsl(s, d, header, Path(plots))})"
@@ -759,7 +767,7 @@ def _plot_dsl(s: dict[str, Any], dataset: str, header: dict[str, Any], out: Path
     mine = [p for p in s["common"] if s["dataset_of"][p] == dataset]
     # Unconstrained samples are not the same set (most never end inside the grammar), and
     # its windows are a quarter of the few that do: left out, as the paper's figure does.
-    shown = [m for m in s["methods"] if m != "unconstrained"] or s["methods"]
+    shown = [m for m in s["methods"] if m != "unconstrained" and m in s["curves"][dataset]]
     for m in shown:
         curve = s["curves"][dataset][m]
         step = min(s["cells"][p][m]["step"] for p in mine)
