@@ -703,7 +703,8 @@ def dsl_report(header: dict[str, Any], records: list[Record],
     methods, cells, common, datasets = s["methods"], s["cells"], s["common"], s["datasets"]
     required = s["required"]
     counts = Counter(s["dataset_of"][p] for p in common)
-    lines = [f"# DSL benchmarks (RQ4): {len(common)} problems, n = {header.get('n')}", "",
+    many = "problem" if len(common) == 1 else "problems"
+    lines = [f"# DSL benchmarks (RQ4): {len(common)} {many}, n = {header.get('n')}", "",
              f"{_about(header)}, top_p {header.get('top_p')}, max_new_tokens "
              f"{header.get('max_new_tokens')}, samples end with EOS. Wall time "
              f"{s['wall_seconds'] / 60:.1f} min ({s['job_seconds'] / 60:.1f} min of job time "
