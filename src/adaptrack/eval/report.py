@@ -658,7 +658,8 @@ def dsl_scores(records: list[Record]) -> dict[str, Any]:
     runs = [r for r in records if r["method"] != "target"]
     if not runs:
         raise AdaptrackError("the results file has no finished DSL jobs yet")
-    methods = _order(sorted({r["method"] for r in runs}))
+    # A method whose every job raised (a search limit) is no column: its errors are listed.
+    methods = _order(sorted({r["method"] for r in runs if "error" not in r}))
     dataset_of = {r["problem"]: r["dataset"] for r in runs}
     cells: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     errors: dict[str, list[str]] = defaultdict(list)
