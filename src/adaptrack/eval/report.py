@@ -773,8 +773,9 @@ def _plot_dsl(s: dict[str, Any], dataset: str, header: dict[str, Any], out: Path
     for m in shown:
         curve = s["curves"][dataset][m]
         step = min(s["cells"][p][m]["step"] for p in mine)
+        color = f"C{METHOD_ORDER.index(m)}" if m in METHOD_ORDER else None  # same in every plot
         ax.plot([i * step for i in range(len(curve))], curve, label=METHOD_NAMES.get(m, m),
-                marker="." if len(curve) < 30 else None)
+                marker="." if len(curve) < 30 else None, color=color)
     window = min(s["cells"][p][m]["window"] for p in mine for m in shown)
     ax.set_xlabel(f"first sample of the window ({window} samples, a quarter)")
     ax.set_ylabel("KL(Q ‖ P_LM) (nats)")
