@@ -27,6 +27,7 @@ Jobs are ``<problem id>/<method>`` (and ``<problem id>/target``); the dataset se
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from dataclasses import dataclass
@@ -210,10 +211,9 @@ class DslTask(ModelTask):
         options = self.options(problem.id, job["method"])
         try:
             if job["method"] == "target":
-                dist = exact_distribution(
-                    self.lm, ids, constraint, max_new_tokens=self.max_new_tokens,
-                    temperature=self.temperature, top_p=self.top_p,
-                    max_seconds=self.max_seconds)
+                known = inspect.signature(exact_distribution).parameters
+                dist = exact_distribution(self.lm, ids, constraint, **{
+                    k: v for k, v in options.items() if k in known and k != "prompt"})
                 decode = self.lm.vocab.decode
                 rows = [[list(s), p, decode(s).decode("utf-8", "replace")]
                         for s, p in sorted(dist.items(), key=lambda kv: -kv[1])]
