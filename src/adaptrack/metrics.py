@@ -383,6 +383,35 @@ def sample_kl(
     return _kl_counts(counts, log_p)
 
 
+def kl_to_lm(samples: Iterable[Hashable], logprob: LogProb) -> float:
+    """The AdapTrack paper's RQ4 metric (Table 4): KL(Q || P_LM) of the empirical
+    distribution Q of ``samples`` to the model's own sequence probabilities, not
+    renormalized: ``sum_s Q(s) (log Q(s) - logprob(s))``.
+
+    For samples of a constraint c it equals ``KL(Q || P(· | c)) - log Z`` (Z: the model's
+    mass on c), so it is never negative, and differences between samplers on one problem
+    are differences of their true KL to the target; values of different problems (other Z)
+    do not compare. Unlike :func:`sample_kl` no support is needed.
+
+    Example:
+        >>> import math
+        >>> lp = {"x": math.log(0.1), "y": math.log(0.3)}   # Z = 0.4, P(·|c) = (0.25, 0.75)
+        >>> round(kl_to_lm(["x", "y"], lp), 6)              # KL((.5, .5) || P(·|c)) - log Z
+        1.060132
+        >>> round(kl_to_lm(["y", "y", "y", "x"], lp) + math.log(0.4), 6)  # Q = P(·|c): 0
+        0.0
+    """
+    counts = _count(samples)
+    get = logprob.__getitem__ if isinstance(logprob, Mapping) else logprob
+    log_p = {}
+    for outcome in counts:
+        value = float(get(outcome))
+        if math.isnan(value) or value == math.inf:
+            raise ValueError(f"logprob({outcome!r}) must be a log-probability, got {value!r}")
+        log_p[outcome] = value
+    return _kl_counts(counts, log_p)
+
+
 def sliding_kl(
     samples: Sequence[Hashable],
     window: int,

@@ -1,5 +1,5 @@
-"""``adaptrack eval``: run an evaluation of the paper (TFv1, TFv1Real, binary, HumanEval,
-MBPP) into a resumable JSONL results file."""
+"""``adaptrack eval``: run an evaluation of the paper (TFv1, TFv1Real, binary, the DSL
+benchmarks, HumanEval, MBPP) into a resumable JSONL results file."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from ..eval import binary as binary_task
 from ..eval import codetask, humaneval, tfv1, tfv1real
+from ..eval import dsl as dsl_task
 from ..eval import mbpp as mbpp_task
 from ..generate import METHODS
 from ..lm.load import BACKENDS, DEVICES, DTYPES
@@ -25,7 +26,8 @@ from .common import (
     seconds,
 )
 
-HELP = "run an evaluation (TFv1, TFv1Real, binary; HumanEval and MBPP code generation)"
+HELP = ("run an evaluation (TFv1, TFv1Real, binary, DSL; HumanEval and MBPP code "
+        "generation)")
 DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run resumes "
                "where it stopped.")
 
@@ -91,6 +93,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples, as in the paper)")
     binary.add_argument("-n", type=positive_int, default=2000,
                         help="samples per method (default: 2000)")
+    dsl = sub.add_parser(
+        "dsl", help="paper RQ4: SLIA, INV-BV, CP and binary grammars, KL to the model",
+        description="Per DSL problem (the ASAp benchmarks: a prompt and a transformers-CFG "
+                    "EBNF grammar) and method: n samples in one call, as the paper runs them "
+                    "(prompt without special tokens, top_p 1, samples end with EOS, "
+                    "AdapTrack with share_q); the report gives Table 4's KL(Q || P_LM) and "
+                    "Figure 4's sliding-window KL.")
+    dsl.add_argument("--methods", type=names(METHODS), metavar="M,M",
+                     default=",".join(dsl_task.METHODS),
+                     help=f"comma-separated methods (default: {','.join(dsl_task.METHODS)})")
+    dsl.add_argument("--datasets", type=names(tuple(dsl_task.DATASETS)), metavar="D,D",
+                     default=",".join(dsl_task.DATASETS),
+                     help=f"datasets to run (default: {','.join(dsl_task.DATASETS)})")
+    dsl.add_argument("-n", type=positive_int, default=2000,
+                     help="samples per problem and method (default: 2000, the paper's)")
+    dsl.add_argument("--limit", type=positive_int, metavar="N",
+                     help="run the first N problems of each dataset")
+    dsl.add_argument("--problems", metavar="ID,ID",
+                     type=lambda t: tuple(dict.fromkeys(x.strip() for x in t.split(",")
+                                                        if x.strip())),
+                     help="run only these problem ids (default: all of the datasets)")
+    dsl.add_argument("--max-new-tokens", type=positive_int, default=dsl_task.MAX_NEW_TOKENS,
+                     metavar="N", help="most tokens per sample (default: "
+                                       f"{dsl_task.MAX_NEW_TOKENS}, the paper's)")
+    dsl.add_argument("--max-seconds", type=seconds, default=None, metavar="S",
+                     help="search budget of each job in seconds (default: none); past it the "
+                          "job is recorded as an error and left out of the report")
+    dsl.add_argument("--data", metavar="DIR", default=dsl_task.DOCUMENTED_PLACE,
+                     help="the directory of slia.jsonl, invbv.jsonl, cp.jsonl and binary.jsonl "
+                          f"(default: {dsl_task.DOCUMENTED_PLACE})")
     human = sub.add_parser(
         "humaneval", help="HumanEval: complete 164 Python functions, run their tests",
         description="Per HumanEval problem and method: one greedy and n sampled "
@@ -141,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="address-space limit of each program in MiB (default: 1024)")
         code.add_argument("--exec-workers", type=positive_int, default=2, metavar="N",
                           help="programs run at once, each in its own process (default: 2)")
-    for task in (tf, real, binary, human, mbpp):
+    for task in (tf, real, binary, dsl, human, mbpp):
         task.add_argument("-o", "--out", metavar="FILE", required=True,
                           help="the JSONL results file (appended to when it exists)")
         task.add_argument("--model", metavar="SPEC",
@@ -149,12 +181,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "(default: the default model)")
         task.add_argument(
             "--backend", choices=BACKENDS,
-            default="transformers" if task is binary else "auto",
+            default="transformers" if task in (binary, dsl) else "auto",
             help="model backend (default: auto; transformers for binary, whose KL "
                  "to an enumerated target needs log-probs that do not change between "
                  "prefix trees, which llama.cpp's float16 KV reuse does not give)")
         task.add_argument("--device", choices=DEVICES, default="auto")
-        if task is not binary:  # binary's KL needs float32 on every device (eval/binary.py)
+        if task not in (binary, dsl):  # their KL needs float32 on every device (eval/binary.py)
             task.add_argument(
                 "--dtype", choices=DTYPES, default="auto",
                 help="weight precision, transformers only (default: auto: float16 on CUDA, "
@@ -200,6 +232,13 @@ def run(args: argparse.Namespace) -> int:
             task = humaneval.HumanEvalTask(**options)
         else:
             task = mbpp_task.MbppTask(**options, data=args.data, shots=args.shots)
+    elif args.eval == "dsl":
+        task = dsl_task.DslTask(
+            model=args.model, backend=args.backend, device=args.device, methods=args.methods,
+            datasets=args.datasets, n=args.n, limit=args.limit, problem_ids=args.problems,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens, max_seconds=args.max_seconds, seed=args.seed,
+            data=args.data)
     else:
         task = binary_task.BinaryTask(
             model=args.model, backend=args.backend, device=args.device, methods=args.methods,

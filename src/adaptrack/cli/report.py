@@ -7,14 +7,15 @@ import sys
 
 HELP = "tables and plots from an `adaptrack eval` results file"
 DESCRIPTION = ("Markdown tables shaped like the paper's (Tables 1 and 5 for tfv1, Table 4 for "
-               "binary, Table 3 for humaneval and mbpp) and PNG plots (EM@k for tfv1, KL over "
-               "sliding windows for binary).")
+               "binary and dsl, Table 3 for humaneval and mbpp) and PNG plots (EM@k for tfv1, "
+               "KL over sliding windows for binary and dsl).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", metavar="RESULTS.jsonl")
     parser.add_argument("--plots", metavar="DIR",
-                        help="write PNG plots into DIR (tfv1 and binary results; needs matplotlib)")
+                        help="write PNG plots into DIR (tfv1, binary and dsl results; needs "
+                             "matplotlib)")
 
 
 def run(args: argparse.Namespace) -> int:

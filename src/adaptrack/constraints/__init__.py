@@ -6,6 +6,7 @@ from .api import API_TERMINATORS, ApiNames, api_names, from_module
 from .base import DONE, Anything, Constraint, Matcher, State
 from .choice import Choice, choice
 from .compose import AllOf, all_of
+from .ebnf import ebnf
 from .grammar import Grammar, gbnf, json_schema, lark, regex
 from .predicate import Predicate, predicate
 from .python import HUMANEVAL_STOP, Python, python
@@ -42,6 +43,7 @@ __all__ = [
     "anything",
     "api_names",
     "choice",
+    "ebnf",
     "from_module",
     "gbnf",
     "json_schema",

@@ -453,6 +453,10 @@ HEADERS: dict[str, dict[str, Check]] = {
     "binary": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
                "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
     "humaneval": _CODE_HEADER, "mbpp": {**_CODE_HEADER, "shots": INT},
+    "dsl": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
+            "top_p": NUMBER, "max_new_tokens": POSITIVE,
+            "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
+            "seed": INT, "data": STR},
 }
 """The options of each known task's header, by type (each may be absent: a run compares
 the whole header with its options anyway)."""
@@ -509,6 +513,21 @@ def _binary_record(r: Record) -> str | None:
     return wrong
 
 
+def _dsl_record(r: Record) -> str | None:
+    wrong = _fields(r, {"problem": STR, "dataset": STR, "method": STR},
+                    {**_STAMPS, "seconds": NUMBER})
+    if wrong or "error" in r:  # a job that raised keeps its error and no results
+        return wrong or _fields(r, {"error": STR})
+    if r["method"] == "target":
+        return _fields(r, {"target": (_list_of(_target_row),
+                                      "a non-empty list of [tokens, probability, text]")})
+    wrong = _fields(r, _BINARY_RUN, {"complete": (_list_of(lambda x: isinstance(x, bool)),
+                                                  "a non-empty list of booleans")})
+    if wrong is None and len(r["logprobs"]) != len(r["samples"]):
+        wrong = f"{len(r['samples'])} samples but {len(r['logprobs'])} logprobs"
+    return wrong
+
+
 def _completion(x: Any) -> bool:
     """One scored completion of a code record (eval/codetask.py CodeTask._score)."""
     return (isinstance(x, dict) and isinstance(x.get("text"), str)
@@ -547,7 +566,8 @@ def _code_record(prefix: str) -> Callable[[Record], str | None]:
 
 RECORDS: dict[str, Callable[[Record], str | None]] = {
     "tfv1": _tfv1_record, "tfv1real": _tfv1_record, "binary": _binary_record,
-    "humaneval": _code_record("HumanEval/"), "mbpp": _code_record("MBPP/")}
+    "humaneval": _code_record("HumanEval/"), "mbpp": _code_record("MBPP/"),
+    "dsl": _dsl_record}
 """Each known task's record check: what is wrong with a record (an object with a string
 ``key``), or None. A task not named here (a user's own) needs only the ``key``."""
 
