@@ -14,7 +14,7 @@ which other jobs on a shared machine do not inflate; on an idle machine the two 
 
 Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--methods cd,exact] [--only TEXT]
       [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
-      [--kind json|regex|choice|lark]
+      [--kind json|regex|choice|lark] [--maskbench with|without|only] [--maskbench-tokens N]
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class Request:
     kind: str  # json, regex, choice, lark
     spec: Any
     max_new_tokens: int
+    maskbench: bool = False
     rows: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
 
     def constraint(self, whitespace: str) -> at.constraints.Constraint:
@@ -104,7 +105,7 @@ def maskbench_schemas(count: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def requests(quick: bool) -> list[Request]:
+def requests(quick: bool, maskbench_tokens: int = 160) -> list[Request]:
     out = [
         Request("person (raw)", "A person as JSON: ", False, "json", PERSON, 40),
         Request("person (chat)", "Give me a person as a JSON object with a name and an age.",
@@ -135,7 +136,7 @@ def requests(quick: bool) -> list[Request]:
                   if chat else "An example of a JSON object matching the schema "
                   + json.dumps(schema) + ":\n")
         out.append(Request(f"{name} ({'chat' if chat else 'raw'})", prompt, chat, "json",
-                           schema, 64))
+                           schema, maskbench_tokens, maskbench=True))
     return out[:6] if quick else out
 
 
@@ -195,6 +196,11 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="requests whose name contains this")
     parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
                         help="requests of this kind only")
+    parser.add_argument("--maskbench", choices=("with", "without", "only"), default="with",
+                        help="the MaskBench requests too, not, or alone")
+    parser.add_argument("--maskbench-tokens", type=int, default=160, metavar="N",
+                        help="max_new_tokens of the MaskBench requests (default: 160; at 64 "
+                             "cd walks into the length limit on most of them)")
     parser.add_argument("--texts", action="store_true", help="print every sample's text")
     args = parser.parse_args()
     labels = [m for m in args.methods.split(",") if m]
@@ -205,8 +211,9 @@ def main() -> None:
     from adaptrack.serve.protocol import hf_chat_template
 
     chat = hf_chat_template(lm)
-    reqs = [r for r in requests(args.quick) if (args.only is None or args.only in r.name)
-            and args.kind in (None, r.kind)]
+    reqs = [r for r in requests(args.quick, args.maskbench_tokens)
+            if (args.only is None or args.only in r.name) and args.kind in (None, r.kind)
+            and {"with": True, "without": not r.maskbench, "only": r.maskbench}[args.maskbench]]
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
           f"end: {args.end}; max_seconds: {args.max_seconds:g}\n")

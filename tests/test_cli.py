@@ -79,6 +79,20 @@ def test_generate_passes_dtype_to_the_loader(capsys, monkeypatch, choices):
     assert code == 2 and "invalid choice: 'int8'" in err
 
 
+def test_generate_end_policy_and_fallback(capsys, loads, choices):
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices, "-n", "3",
+                         "--seed", "1", "--method", "exact", "--end", "eos", "--fallback", "none",
+                         "--max-seconds", "1e-9", "--json")
+    assert code == 2 and "SearchTimeoutError" not in err and "max_seconds" in err
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices, "-n", "3",
+                         "--seed", "1", "--method", "exact", "--max-seconds", "1e-9")
+    assert code == 0, err
+    assert "drawn by the CD fallback" in out and "=== fallback: the search ran past" in out
+    assert "Warning" not in err
+    code, _, err = run(capsys, "generate", "--prompt", "a", "--end", "stop")
+    assert code == 2 and "invalid choice: 'stop'" in err
+
+
 def test_generate_json_with_constraint(capsys, loads, choices):
     code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
                          "-n", "7", "--seed", "1", "--json", "--model", "tiny",
@@ -90,7 +104,9 @@ def test_generate_json_with_constraint(capsys, loads, choices):
     assert doc["model"] == "tiny"
     assert len(doc["samples"]) == 7
     for s in doc["samples"]:
-        assert set(s) == {"text", "tokens", "complete", "valid", "logprob", "lm_requests"}
+        assert set(s) == {"text", "tokens", "complete", "valid", "logprob", "lm_requests",
+                          "fallback"}
+        assert s["fallback"] is False
         assert s["valid"] and s["complete"]
         assert s["text"] in {"ab", "ba", "aab"}
         assert s["tokens"][-1] == 3  # EOS
