@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,6 @@ class Request:
     spec: Any
     max_new_tokens: int
     maskbench: bool = False
-    rows: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
 
     def constraint(self, whitespace: str) -> at.constraints.Constraint:
         c = at.constraints
