@@ -77,7 +77,7 @@ class Exact(Method):
             return (yield from self._most_probable(seen))
         root = self.tree.root
         while True:
-            if self.Q.q(root) == 0:
+            if self.Q.dead(root):
                 raise self.empty_language()
             node, unopened = root, []
             while not node.complete:
