@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 import adaptrack as at
@@ -37,9 +38,10 @@ def test_a_language_of_tiny_mass_samples(k: int, method: str, options: dict) -> 
 def test_exact_distribution_of_tiny_mass() -> None:
     c = at.constraints.choice(["a" * 1000, "a" * 999 + "b"])
     dist = at.exact_distribution(_lm(), [], c, max_new_tokens=1001, end="eos")
-    # The two strings differ in their last token only: odds 2 : 97.
-    assert dist[(0,) * 1000 + (2,)] == pytest.approx(2 / 99, rel=1e-9)
-    assert dist[(0,) * 999 + (1, 2)] == pytest.approx(97 / 99, rel=1e-9)
+    # The two strings differ in their last token only: odds 2 : 97 (each probability as
+    # the tree stores it, in float32: within 1e-7).
+    assert dist[(0,) * 1000 + (2,)] == pytest.approx(2 / 99, rel=1e-6)
+    assert dist[(0,) * 999 + (1, 2)] == pytest.approx(97 / 99, rel=1e-6)
 
 
 def test_exact_weighs_two_branches_of_tiny_mass_in_proportion() -> None:
@@ -88,3 +90,31 @@ def test_an_empty_language_still_raises_and_says_so(method: str) -> None:
                          method=method, n=1, max_new_tokens=202, seed=0, end="eos",
                          fallback=None)
     assert result.samples[0].tokens == (1,) + (0,) * 200 + (2,)
+
+
+class _Float32LM(at.TableLM):
+    probs_dtype = np.float32  # as the transformers and llama.cpp backends declare
+
+
+def test_a_float32_model_stores_half_the_bytes_and_samples_its_stored_target() -> None:
+    """Expansions of a float32 backend hold float32 probabilities; every reader sees those
+    numbers, so ``exact`` still matches ``exact_distribution`` (computed from them)."""
+    weights = {(): [3, 2, 1], (0,): [1, 4, 2], (1,): [5, 1, 3]}
+    vocab = [b"a", b"b", b"<eos>"]
+    lm32 = _Float32LM(vocab, lambda prefix: weights.get(tuple(prefix), [1, 1, 1]), eos=2)
+    lm64 = at.TableLM(vocab, lambda prefix: weights.get(tuple(prefix), [1, 1, 1]), eos=2)
+    c = at.constraints.choice(["a", "ab", "b", "ba"])
+    trees = [PrefixTree(lm, [], c.bind(lm.vocab), end="eos") for lm in (lm32, lm64)]
+    for tree in trees:
+        QTable(tree).open(tree.root)
+    assert trees[0].root.expansion.p.dtype == np.float32
+    assert trees[0].opened_bytes < trees[1].opened_bytes
+    d32 = at.exact_distribution(lm32, [], c, end="eos")
+    d64 = at.exact_distribution(lm64, [], c, end="eos")
+    assert d32.keys() == d64.keys()
+    assert all(d32[s] == pytest.approx(d64[s], rel=1e-6) for s in d64)
+    n = 2000
+    result = at.generate(lm32, [], c, method="exact", n=n, seed=0, end="eos", fallback=None)
+    for s, p in d32.items():
+        share = sum(x.tokens == s for x in result.samples) / n
+        assert abs(share - p) <= 4 * math.sqrt(p * (1 - p) / n) + 1 / n

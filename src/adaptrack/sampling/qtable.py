@@ -78,7 +78,7 @@ class QTable:
         key = id(node)
         if self._logq[key] < SCALED_BELOW:
             return self._scaled(key)[0]
-        w = self._expansions[key].p.copy()
+        w = self._expansions[key].p.astype(np.float64)
         below = self._below[key]
         if below:
             slots = np.fromiter(below.keys(), dtype=np.int64, count=len(below))
@@ -89,7 +89,7 @@ class QTable:
 
     def _scaled(self, key: int) -> tuple[np.ndarray, float]:
         """``(v, m)`` with w = v · e^m and max v = 1 (m = -inf when every child is dead)."""
-        lw = np.log(self._expansions[key].p)
+        lw = np.log(self._expansions[key].p.astype(np.float64))
         below = self._below[key]
         if below:
             slots = np.fromiter(below.keys(), dtype=np.int64, count=len(below))
@@ -124,7 +124,7 @@ class QTable:
         self._alive[key] = len(exp.p)
         # Each p is a positive float (the tree drops zeros), so a non-empty sum is > 0.
         self._logq[key] = self._exact[key] = (
-            math.log(float(exp.p.sum())) if len(exp.p) else -math.inf)
+            math.log(float(exp.p.sum(dtype=np.float64))) if len(exp.p) else -math.inf)
         self._propagate(node)
 
     def _propagate(self, node: Node) -> None:
