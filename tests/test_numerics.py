@@ -45,15 +45,16 @@ def test_exact_distribution_of_tiny_mass() -> None:
 
 
 def test_exact_weighs_two_branches_of_tiny_mass_in_proportion() -> None:
-    """Two strings of mass ~1e-316 that fork at the root: P_Q there, from two weights below
-    float64's range, must still be P(a) : P(b) = 2 : 97."""
-    k = 185  # .02^185 · .01 ≈ 1e-316
+    """Two strings of mass ~1e-330 that fork at the root: P_Q there, from two weights below
+    float64's range, must still be P(a) : P(b) = 1 : 3."""
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 3, 996], eos=2)
+    k = 110  # .001^110 · .996 ≈ 1e-330
     c = at.constraints.choice(["a" * k, "b" + "a" * (k - 1)])
     n = 100
-    result = at.generate(_lm(), [], c, method="exact", n=n, max_new_tokens=k + 1, seed=1,
+    result = at.generate(lm, [], c, method="exact", n=n, max_new_tokens=k + 1, seed=1,
                          end="eos", fallback=None)
     share = sum(s.tokens[0] == 0 for s in result.samples) / n
-    expected = 2 / 99
+    expected = 1 / 4
     # A binomial share: within 4 standard deviations (plus one sample) of the target.
     assert abs(share - expected) <= 4 * math.sqrt(expected * (1 - expected) / n) + 1 / n
     assert {s.tokens[1:] for s in result.samples} == {(0,) * (k - 1) + (2,)}
