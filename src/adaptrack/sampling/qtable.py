@@ -167,5 +167,6 @@ class QTable:
 #: above it every weight that matters (> e^-400 of the total) is a normal float64.
 SCALED_BELOW = -300.0
 #: A Q that the running update has shrunk to below e^-RESUM_SHRINK (≈ 1e-4) of its last
-#: full sum is summed again, which keeps its relative error near 1e-12.
+#: full sum is summed again, which keeps its relative error about 1e-11 (measured: 6e-12
+#: after 500 updates of one chain).
 RESUM_SHRINK = math.log(1e4)
