@@ -47,6 +47,10 @@ class LanguageModel(ABC):
     name: str = ""
     calls: int = 0
     context_length: int | None = None
+    #: The precision the prefix tree stores this model's probabilities in (docs/design.md §3,
+    #: numerics): float64 unless the model's own numbers are float32 or coarser, where
+    #: float32 loses nothing they had and halves the bytes of an opened prefix.
+    probs_dtype: type = np.float64
     _context_hint = ("shorten the prompt (generate(truncate_prompt=True) keeps its end) or "
                      "lower max_new_tokens")
 

@@ -214,6 +214,8 @@ class TransformersLM(LanguageModel):
     Use :func:`adaptrack.load_model` rather than building one by hand.
     """
 
+    probs_dtype = np.float32  # logits in float32 (or coarser): docs/design.md §3
+
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
                  max_states: int = MAX_STATES, kv_cache_bytes: int = KV_CACHE_BYTES,
                  pass_kv_bytes: int = PASS_KV_BYTES, share_tokens: int = SHARE_TOKENS,

@@ -62,6 +62,8 @@ class LlamaCppLM(LanguageModel):
     ``decode_calls`` and ``fed_tokens``. Not thread-safe.
     """
 
+    probs_dtype = np.float32  # logits in float32 (or coarser): docs/design.md §3
+
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, max_slots: int = 8,
                  verbose: bool = False) -> None:

@@ -85,13 +85,13 @@ class AdapTrack(Method):
             yield from self.expand(s)
             Q.open(s)  # line 10 (opening s is what changes Q)
             self.used(seen, s)
-            if Q.q(root) == 0:
+            if Q.dead(root):
                 raise self.empty_language()
-            if Q.q(s) > 0:
+            if not Q.dead(s):
                 N[s] = self._choose(Q, rng, s)  # line 9
             for depth in range(len(path) - 2, -1, -1):  # line 11, longest prefix first
                 x, n, p = path[depth], path[depth + 1], before[depth]  # line 12: n = N[x]
-                if Q.q(x) == 0:
+                if Q.dead(x):
                     continue  # x is dead itself; its parent leaves it
                 p_new = Q.prob(n)  # line 14
                 if p_new >= p * (1 - ROUNDING):

@@ -44,9 +44,9 @@ class ASAp(Method):
                     yield from self.expand(node)
                     self.Q.open(node)  # formula 2: the new prefix refines Q
                 self.used(seen, node)
-                if self.Q.q(root) == 0:
+                if self.Q.dead(root):
                     raise self.empty_language()
-                if self.Q.q(node) == 0:
+                if self.Q.dead(node):
                     break  # dead end: redraw
                 w = self.Q.weights(node)  # P_Q(· | node) ∝ w, formula 3
                 i = argmax(w) if self.greedy else draw(w, rng)

@@ -80,6 +80,7 @@ class Method:
         t = self.tree
         cut = f" and top_p={t.top_p}" if t.top_p < 1 else ""
         return NoValidSequenceError(
-            f"the constraint admits no complete sequence within max_new_tokens="
+            f"the language is empty (not merely improbable): the constraint admits no "
+            f"complete sequence within max_new_tokens="
             f"{t.max_new_tokens}{cut}: check the constraint, or allow more tokens"
         )

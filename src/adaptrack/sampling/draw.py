@@ -17,7 +17,7 @@ def draw(weights: np.ndarray, rng: np.random.Generator, exclude: int | None = No
     if exclude is not None:
         weights = weights.copy()
         weights[exclude] = 0.0
-    cdf = np.cumsum(weights)
+    cdf = np.cumsum(weights, dtype=np.float64)  # float32 would err by ~len · 6e-8
     i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     # Rounding can land on the end or on a zero-weight entry; step back to a positive one.
     i = min(i, len(weights) - 1)

@@ -77,7 +77,7 @@ class Exact(Method):
             return (yield from self._most_probable(seen))
         root = self.tree.root
         while True:
-            if self.Q.q(root) == 0:
+            if self.Q.dead(root):
                 raise self.empty_language()
             node, unopened = root, []
             while not node.complete:
@@ -103,7 +103,7 @@ class Exact(Method):
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
         """u ~ P(· | x) over the whole vocabulary; -1 stands for any invalid token."""
         u = rng.random()
-        cdf = np.cumsum(exp.p)
+        cdf = np.cumsum(exp.p, dtype=np.float64)
         if len(cdf) == 0 or u >= cdf[-1]:
             return -1
         return int(exp.ids[min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)])

@@ -76,19 +76,19 @@ class Expansion:
 
     __slots__ = ("ids", "p", "shared_ids")
 
-    def __init__(self, probs: np.ndarray, ids: np.ndarray, *, shared_ids: bool = False) -> None:
+    def __init__(self, probs: np.ndarray, ids: np.ndarray, *, shared_ids: bool = False,
+                 dtype: type = np.float64) -> None:
         self.shared_ids = False
-        if len(ids) == len(probs) and probs.all():
-            self.ids, self.p = ids, probs  # no constraint: skip two vocabulary-wide copies
-            self.shared_ids = shared_ids
-            return
-        p = probs[ids]
+        # ``dtype``: the model's ``probs_dtype``. Every reader (Q, proposals, the nodes'
+        # log P, exact_distribution) sees these same numbers and sums them in float64, so
+        # the methods stay exact for the model as stored (docs/design.md §3, numerics).
+        p: np.ndarray = (probs if len(ids) == len(probs) else probs[ids]).astype(dtype, copy=False)
         keep = p > 0
-        if keep.all():
-            self.ids, self.p = ids, p
-            self.shared_ids = shared_ids
-        else:
-            self.ids, self.p = ids[keep], p[keep]
+        if keep.all() and shared_ids:
+            self.ids, self.p, self.shared_ids = ids, p, True
+        else:  # ids of this prefix alone: int32 (any vocabulary is below 2^31 tokens)
+            self.ids = (ids if keep.all() else ids[keep]).astype(np.int32)
+            self.p = p if keep.all() else p[keep]
 
     @property
     def nbytes(self) -> int:
@@ -358,7 +358,8 @@ class PrefixTree:
             tok = node.pending[0]
             after = matcher.advance(state, tok)
             ok = after is not None and (not last or matcher.is_complete(after))
-            return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64))
+            return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64),
+                             dtype=self.lm.probs_dtype)
         if node.depth >= self.max_new_tokens:
             valid = np.empty(0, dtype=np.int64)
         elif last:
@@ -375,8 +376,9 @@ class PrefixTree:
         elif self.top_p < 1.0 and len(valid):
             valid = nucleus(probs, valid, self.top_p)
         else:
-            return Expansion(probs, valid, shared_ids=self._seen_before(valid))
-        return Expansion(probs, valid)
+            return Expansion(probs, valid, shared_ids=self._seen_before(valid),
+                             dtype=self.lm.probs_dtype)
+        return Expansion(probs, valid, dtype=self.lm.probs_dtype)
 
     def _seen_before(self, mask: np.ndarray) -> bool:
         """Whether the matcher returned this very array lately (then it is shared: its bytes
