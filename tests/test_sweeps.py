@@ -112,6 +112,12 @@ def test_report_draws_both_sweeps(sweep_run, tmp_path):
     assert "## EM@k against max_backtrack (Figure 7)" in text
     assert "| Method | EM@k | T=0.5 | T=1.0 |" in text
     assert "| Method | EM@k | B=0 | B=unlimited |" in text
+    # AdapTrack's cost per limit: B=0 keeps every choice whose mass merely shrank.
+    calls = [line for line in text.splitlines() if line.startswith("| v1 | calls/sample |")]
+    backtracks = [line for line in text.splitlines() if line.startswith("| v1 | backtracks |")]
+    assert len(calls) == len(backtracks) == 1
+    b0, unlimited = (float(x) for x in backtracks[0].strip(" |").split(" | ")[2:])
+    assert b0 <= unlimited
     # The main tables count each problem once (the base point), not once per sweep value.
     assert text.startswith("# TFv1: 1 problems, n = 4")
     pytest.importorskip("matplotlib")

@@ -302,6 +302,17 @@ def _sweep_section(header: dict[str, Any], records: list[Record], task: str, nam
                        for p in points.values()]
                 lines.append(f"| {METHOD_NAMES.get(m, m)} ({st}) | {k} | " + " | ".join(row)
                              + " |")
+    if name == "max_backtrack":  # the limit exists to save model calls (paper §7.2.2)
+        lines += ["", "AdapTrack's cost at each max_backtrack: model calls per sample and "
+                  "backtracks per problem (the samples only).", "",
+                  "| Setting | cost | " + " | ".join(f"{symbol}={x}" for x in labels) + " |",
+                  "|---" * (2 + len(labels)) + "|"]
+        for st in first["settings"]:
+            for what, fmt in (("calls/sample", lambda c: f"{c['calls'][0]:.2f}"),
+                              ("backtracks", lambda c: f"{c['backtracks']:.1f}")):
+                row = [fmt(p["cells"][("adaptrack", st)])
+                       if ("adaptrack", st) in p["cells"] else "" for p in points.values()]
+                lines.append(f"| {st} | {what} | " + " | ".join(row) + " |")
     if plots is not None:
         path = _plot_sweep(points, labels, ks, name, Path(plots), task)
         lines += ["", f"![EM@k against {name}]({path})"]
