@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..constraints import Choice, choice
-from .runner import PAPER_OPTIONS, Job, ModelTask, Record, check_methods, seed_for
+from .runner import (
+    PAPER_OPTIONS,
+    Job,
+    ModelTask,
+    Record,
+    check_methods,
+    check_study,
+    seed_for,
+)
 
 PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")
@@ -63,11 +71,7 @@ class BinaryTask(ModelTask):
 
     def __post_init__(self) -> None:
         check_methods(self.methods)
-        if not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be at least 1 and at most {MAX_N:,} (one method's "
-                             f"samples are one results line), got {self.n}")
-        if not self.temperature > 0:
-            raise ValueError("the binary study compares distributions: temperature must be > 0")
+        check_study("binary", self.n, MAX_N, self.temperature)
 
     def weights_dtype(self) -> str:
         """float32 on transformers, whatever the device (not an option of this study)."""

@@ -37,7 +37,15 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from .codetask import file_digest
-from .runner import PAPER_OPTIONS, Job, ModelTask, Record, check_methods, seed_for
+from .runner import (
+    PAPER_OPTIONS,
+    Job,
+    ModelTask,
+    Record,
+    check_methods,
+    check_study,
+    seed_for,
+)
 
 #: Dataset file stems and the names the paper's Table 4 gives them, in its column order.
 DATASETS = {"slia": "SLIA", "invbv": "INV-BV", "cp": "CP", "binary": "binary"}
@@ -151,11 +159,7 @@ class DslTask(ModelTask):
         if bad or not self.datasets:
             raise ValueError(f"unknown dataset {bad[0]!r}; choose from {', '.join(DATASETS)}"
                              if bad else "give at least one dataset")
-        if not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be at least 1 and at most {MAX_N:,} (one method's "
-                             f"samples are one results line), got {self.n}")
-        if not self.temperature > 0:
-            raise ValueError("the DSL study compares distributions: temperature must be > 0")
+        check_study("DSL", self.n, MAX_N, self.temperature)
 
     def weights_dtype(self) -> str:
         """float32 on transformers, whatever the device (see the class doc)."""

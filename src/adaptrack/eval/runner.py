@@ -786,6 +786,23 @@ class ModelTask:
 PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "fallback": None}
 
 
+def check_study(study: str, n: int, most: int, temperature: float) -> None:
+    """ValueError unless a study that compares distributions (binary, DSL) has 1 <= n <=
+    ``most`` samples per method (one method's samples are one results line) and a
+    temperature > 0.
+
+    >>> check_study("binary", 10, 100, 0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: the binary study compares distributions: temperature must be > 0
+    """
+    if not 1 <= n <= most:
+        raise ValueError(f"n must be at least 1 and at most {most:,} (one method's "
+                         f"samples are one results line), got {n}")
+    if not temperature > 0:
+        raise ValueError(f"the {study} study compares distributions: temperature must be > 0")
+
+
 def check_methods(methods: tuple[str, ...]) -> None:
     """ValueError naming the first unknown method (before any model is loaded)."""
     from ..generate import METHODS
