@@ -88,13 +88,20 @@ class LRU(Generic[K, V]):
         limit."""
         if self.used <= self.limit:
             return
-        newest = next(reversed(self._items), None) if self.keep_one else None
-        for key in list(self._items):
-            if self.used <= self.limit:
+        newest = next(reversed(self._items)) if self.keep_one else None
+        # Oldest first, lazily: a full cache drops one or two entries per put, so copying
+        # every key each time would make a put cost the cache's size.
+        dropped = []
+        excess = self.used - self.limit
+        for key, value in self._items.items():
+            if excess <= 0:
                 break
-            if key in protected or key == newest:
+            if key is newest or key in protected:
                 continue
-            value = self._items.pop(key)
+            dropped.append((key, value))
+            excess -= self._cost(value)
+        for key, value in dropped:
+            del self._items[key]
             self.used -= self._cost(value)
             self.evictions += 1
             if self.on_evict is not None:
