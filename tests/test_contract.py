@@ -75,6 +75,9 @@ class Broken(C.Constraint):
     ({"forced_bytes": lambda m: lambda s, limit=None: b""
       if limit is None else b"a"[:limit]},
      "forced_bytes(limit=k) is the first k forced bytes"),
+    ({"closing": lambda m: lambda s: type(m).finishing(m, s)},
+     "closing lists every token after which one finishes"),
+    ({"closing": lambda m: lambda s: np.array([15])}, "closing lies between finishing and allowed"),
     ({"min_new_tokens": lambda m: lambda: 0}, "min_new_tokens is an int >= 1"),
     ({"min_new_tokens": lambda m: lambda: 9}, "no complete sequence is shorter than"),
 ])

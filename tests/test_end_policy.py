@@ -140,6 +140,34 @@ def test_a_prefix_that_cannot_finish_in_time_is_never_sent_to_the_model():
     assert set(asked) == {(), (0,), (2,), (1,), (0, 2), (2, 0)}
 
 
+def test_the_second_to_last_position_keeps_only_tokens_that_can_close():
+    # regex("aaaa|b") is choice(["aaaa", "b"]) as a grammar, whose matcher knows the tokens
+    # after which the text can end (Matcher.closing); the choice's default knows nothing.
+    asked: list[tuple[int, ...]] = []
+    weights = hashed_weights(4, b"closing")
+
+    def next_probs(prefix):
+        asked.append(tuple(prefix))
+        return weights(prefix)
+
+    lm = at.TableLM([b"a", b"b", b"aa", b"<eos>"], next_probs, eos=3)
+    for end in ("leave", "eos"):
+        asked.clear()
+        grammar = at.exact_distribution(lm, [], at.constraints.regex("aaaa|b"),
+                                        max_new_tokens=3, end=end)
+        # One token in, two left: "a" closes with no token ("aa", "aaa" are not accepted)
+        # and so is never sent; after "aa" only "aa" is kept, so "aaa" is never made.
+        assert (0,) not in asked and (2, 0) not in asked
+        assert set(asked) == {(), (1,), (2,), (2, 2)}
+        asked.clear()
+        plain = at.exact_distribution(lm, [], at.constraints.choice(["aaaa", "b"]),
+                                      max_new_tokens=3, end=end)
+        assert (0,) in asked
+        assert grammar.keys() == plain.keys() == {(1, 3), (2, 2, 3)}
+        for seq, p in plain.items():
+            assert grammar[seq] == pytest.approx(p, rel=1e-12)
+
+
 # --- the fallback of a search past its budget -------------------------------------------
 
 

@@ -111,7 +111,8 @@ def assert_contract(
     raise ``AssertionError`` naming the rule, the state and the token that break one.
 
     The rules: ``allowed`` and ``finishing`` are sorted unique int ids of the vocabulary;
-    ``finishing`` ⊆ ``allowed``; ``advance`` is not ``None`` exactly on ``allowed`` for an
+    ``finishing`` ⊆ ``closing`` ⊆ ``allowed``, and ``closing`` lists every token after which a
+    finishing token is valid; ``advance`` is not ``None`` exactly on ``allowed`` for an
     eager matcher (only inside it for a lazy one); ``advance`` of a finishing token is
     complete; ``forced_bytes`` is a prefix of every valid continuation's bytes (empty
     where EOS is valid), and with ``limit=k`` its first ``k`` bytes; ``min_new_tokens`` is
@@ -142,10 +143,13 @@ def assert_contract(
     for _ in range(walks):
         state, text, depth = m.start(), b"", 0
         for _ in range(steps):
-            allowed, finishing = _checked_ids(m, state, text, vocab)
-            fin = set(finishing.tolist())
+            allowed, finishing, closing = _checked_ids(m, state, text, vocab)
+            fin, closes = set(finishing.tolist()), set(closing.tolist())
             _rule(fin <= set(allowed.tolist()), "finishing is a subset of allowed", state, text,
                   f"finishing {sorted(fin - set(allowed.tolist()))[:5]} not allowed")
+            _rule(fin <= closes <= set(allowed.tolist()),
+                  "closing lies between finishing and allowed", state, text,
+                  f"closing {sorted(closes)[:8]}, finishing {sorted(fin)[:8]}")
             tried = ids if vocab.size <= sample else np.union1d(
                 rng.sample(range(vocab.size), sample),
                 allowed[rng.sample(range(len(allowed)), min(sample, len(allowed)))])
@@ -172,6 +176,9 @@ def assert_contract(
                           *where)
                     _rule(depth + 1 >= bound, "no complete sequence is shorter than "
                           f"min_new_tokens ({bound})", *where)
+                if m.is_complete(nxt) or len(m.finishing(nxt)):
+                    _rule(tok in closes, "closing lists every token after which one finishes",
+                          *where)
                 if vocab.is_eos(tok):
                     _rule(not forced, "forced_bytes is empty where EOS is valid", *where,
                           f"forced {forced!r}")
@@ -188,9 +195,9 @@ def assert_contract(
 
 
 def _checked_ids(m: constraints.Matcher, state: Any, text: bytes,
-                 vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
+                 vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out = []
-    for name in ("allowed", "finishing"):
+    for name in ("allowed", "finishing", "closing"):
         got = getattr(m, name)(state)
         rule = f"{name} is sorted unique int ids"
         _rule(isinstance(got, np.ndarray) and got.ndim == 1
@@ -199,7 +206,7 @@ def _checked_ids(m: constraints.Matcher, state: Any, text: bytes,
         _rule(not len(got) or (got[0] >= 0 and got[-1] < vocab.size), rule, state, text,
               f"ids outside 0..{vocab.size - 1}")
         out.append(got)
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def _rule(ok: bool, rule: str, state: Any, text: bytes | None, token: Any = None,

@@ -162,6 +162,22 @@ class Matcher(ABC):
             cache.put(state, found)
         return found
 
+    def closing(self, state: State) -> np.ndarray:
+        """Sorted ids of the valid next tokens after which the sequence may be complete one
+        token later: the finishing ones and those after which a finishing token is valid. The
+        prefix tree takes these alone at the second-to-last position (docs/design.md §2), so
+        that a search does not open one dead last position per token a text could go on
+        with. A superset is allowed (what it lists in excess dies one position later); this
+        default, ``allowed(state)``, knows nothing.
+
+        >>> from adaptrack.constraints import choice
+        >>> from adaptrack.tokenization.vocab import Vocabulary
+        >>> m = choice(["ab", "aab"]).bind(Vocabulary([b"a", b"b", b"<e>"], eos_ids=[2]))
+        >>> m.closing(m.start()).tolist()  # the default: every allowed token
+        [0]
+        """
+        return self.allowed(state)
+
     def min_new_tokens(self) -> int:
         """A lower bound on the number of tokens (EOS or the terminator's token included) of
         any complete sequence from :meth:`start`; ``generate`` refuses a ``max_new_tokens``

@@ -96,6 +96,12 @@ class AllOfMatcher(Matcher):
         masks = [m.finishing(s) for m, s in zip(self.parts, _parts(state), strict=True)]
         return reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), masks)
 
+    def closing(self, state: State) -> np.ndarray:
+        # A superset (each part can finish one token later, perhaps each by another token),
+        # which the contract allows.
+        masks = [m.closing(s) for m, s in zip(self.parts, _parts(state), strict=True)]
+        return reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), masks)
+
     def advance(self, state: State, token: int) -> State | None:
         after = []
         for m, s in zip(self.parts, _parts(state), strict=True):

@@ -253,14 +253,26 @@ class PrefixTree:
     def _dead(self, node: Node) -> bool:
         """Whether the constraint alone says no valid token follows ``node`` (its expansion
         is then empty whatever the model says): at the length limit, at its last position
-        when no token finishes there, or where nothing is allowed."""
+        when no token finishes there, at the one before when none closes, or where nothing
+        is allowed."""
         if node.depth >= self.max_new_tokens:
             return True
         if not self.restrict_length or node.complete:
             return False
-        if node.depth == self.max_new_tokens - 1:
-            return not len(self.matcher.finishing(node.state))
-        return not self.matcher.lazy and not len(self.matcher.allowed(node.state))
+        return not self.matcher.lazy and not len(self._valid(node))
+
+    def _valid(self, node: Node) -> np.ndarray:
+        """The tokens the constraint allows after ``node`` within the length limit: at the
+        last position those that finish, at the one before those after which one can finish
+        (``Matcher.closing``, docs/design.md §2), else every allowed one."""
+        matcher, left = self.matcher, self.max_new_tokens - node.depth
+        if left <= 0:
+            return np.empty(0, dtype=np.int64)
+        if self.restrict_length and left == 1:
+            return matcher.finishing(node.state)
+        if self.restrict_length and left == 2 and not matcher.lazy:
+            return matcher.closing(node.state)
+        return matcher.allowed(node.state)
 
     def store(self, nodes: list[Node], logprobs: np.ndarray) -> None:
         """Keep the expansions of ``nodes`` (``plan``'s plain list) from the model's rows."""
@@ -357,15 +369,11 @@ class PrefixTree:
         if node.pending and self.force_chains:  # the forced token alone is valid (no top-p)
             tok = node.pending[0]
             after = matcher.advance(state, tok)
-            ok = after is not None and (not last or matcher.is_complete(after))
+            ok = (after is not None and (not last or matcher.is_complete(after))
+                  and (matcher.lazy or tok in self._valid(node)))
             return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64),
                              dtype=self.lm.probs_dtype)
-        if node.depth >= self.max_new_tokens:
-            valid = np.empty(0, dtype=np.int64)
-        elif last:
-            valid = matcher.finishing(state)
-        else:
-            valid = matcher.allowed(state)
+        valid = self._valid(node)
         if matcher.lazy and len(valid):
             def check(tok: int) -> bool:
                 after = matcher.advance(state, tok)
