@@ -32,9 +32,9 @@ from .errors import APIError, bad, error_for
 from .protocol import (
     MAX_N,
     MAX_TOKENS_UNKNOWN_CONTEXT,
+    BaseRequest,
     ChatCompletionRequest,
     CompletionRequest,
-    _Request,
 )
 from .validation import validate
 
@@ -134,7 +134,7 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
                    None if req.fallback == "none" else req.fallback, req.max_seconds)
 
 
-def constraint_spec(req: _Request) -> ConstraintSpec | None:
+def constraint_spec(req: BaseRequest) -> ConstraintSpec | None:
     """The constraint a validated request asks for (at most one field), as a spec."""
     field = req.constraint_field
     if field is None:

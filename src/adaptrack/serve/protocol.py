@@ -68,7 +68,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 #: Fields whose ``null`` is refused rather than read as the default.
 NULL_IS_A_VALUE = ("end", "fallback")
-ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def invalid(message: str, param: str | None = None) -> PydanticCustomError:
@@ -121,7 +120,7 @@ def _unique(value: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-#: A constraint field's value: checked here for its JSON type, compiled in ``serving``.
+#: An OpenAI field accepted at the values of :data:`NEUTRAL` only.
 Neutral = Annotated[Any, AfterValidator(_neutral)]
 Strings = Annotated[list[str], Field(min_length=1)]
 TokenIds = list[int]
@@ -170,8 +169,9 @@ class ChatMessage(BaseModel):
     content: Annotated[str, BeforeValidator(_text_content)]
 
 
-class _Request(_Model):
-    """The fields both endpoints share."""
+class BaseRequest(_Model):
+    """The fields both endpoints share. The constraint fields are checked here for their
+    JSON type; ``preprocess`` compiles the one given."""
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -238,7 +238,7 @@ class _Request(_Model):
         return None if value is None else _at_most(value, "max_tokens", info)
 
     @model_validator(mode="after")
-    def _consistent(self) -> _Request:
+    def _consistent(self) -> BaseRequest:
         if self.stream_options is not None and not self.stream:
             raise invalid("applies only with \"stream\": true", "stream_options")
         if self.best_of is not None and self.best_of != self.n:
@@ -288,7 +288,7 @@ def _at_most(value: int, bound: str, info: ValidationInfo) -> int:
     return value
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(BaseRequest):
     """A ``/v1/completions`` request."""
 
     prompt: Annotated[str | Annotated[list[TokenIds], Field(min_length=1)]
@@ -307,7 +307,7 @@ class CompletionRequest(_Request):
         return value
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(BaseRequest):
     """A ``/v1/chat/completions`` request."""
 
     messages: Annotated[list[ChatMessage],
@@ -334,7 +334,7 @@ class ChatCompletionRequest(_Request):
 
 
 #: The request model of each endpoint kind.
-REQUESTS: dict[str, type[_Request]] = {"completion": CompletionRequest,
+REQUESTS: dict[str, type[BaseRequest]] = {"completion": CompletionRequest,
                                        "chat": ChatCompletionRequest}
 
 

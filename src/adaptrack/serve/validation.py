@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from .errors import APIError, bad, show
-from .protocol import REQUESTS, _Request
+from .protocol import REQUESTS, BaseRequest
 
 #: How a type error reads, by pydantic's error type.
 EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
@@ -33,7 +33,7 @@ RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_eq
 
 
 def validate(body: bytes | str, kind: str, *, max_n: int,
-             max_tokens: int | None = None) -> _Request:
+             max_tokens: int | None = None) -> BaseRequest:
     """The request ``body`` of ``kind`` (``"completion"`` or ``"chat"``) as its model, with
     ``n`` at most ``max_n`` and ``max_tokens`` at most ``max_tokens``; else the
     :class:`APIError` of its first problem."""
