@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("pydantic")
 
-import adaptrack as at  # noqa: E402
-from adaptrack.cli.common import constraint_spec as cli_spec  # noqa: E402
-from adaptrack.serve import APIError, parse  # noqa: E402
-from adaptrack.serve.constraint_spec import ConstraintSpec  # noqa: E402
-from adaptrack.serve.events import Choice, Done  # noqa: E402
-from adaptrack.serve.preprocess import constraint_spec  # noqa: E402
-from adaptrack.serve.protocol import ChatCompletionRequest, CompletionRequest  # noqa: E402
-from adaptrack.serve.responses import chunk_body, response_body  # noqa: E402
-from adaptrack.serve.validation import validate  # noqa: E402
+import adaptrack as at
+from adaptrack.cli.common import constraint_spec as cli_spec
+from adaptrack.serve import APIError, parse
+from adaptrack.serve.constraint_spec import ConstraintSpec
+from adaptrack.serve.events import Choice, Done
+from adaptrack.serve.preprocess import constraint_spec
+from adaptrack.serve.protocol import ChatCompletionRequest, CompletionRequest
+from adaptrack.serve.responses import chunk_body, response_body
+from adaptrack.serve.validation import validate
 
 
 def toy_lm(context_length: int | None = 64) -> at.TableLM:
