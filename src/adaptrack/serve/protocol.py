@@ -129,6 +129,13 @@ TokenIds = list[int]
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k in NULL_IS_A_VALUE}
+        return data
+
 
 class StreamOptions(_Model):
     """``stream_options``: ``include_usage`` adds a last event with the usage."""
@@ -219,13 +226,6 @@ class BaseRequest(_Model):
     function_call: Neutral = None
     parallel_tool_calls: Neutral = None
     best_of: int | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None or k in NULL_IS_A_VALUE}
-        return data
 
     @field_validator("n")
     @classmethod
