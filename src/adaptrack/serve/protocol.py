@@ -6,8 +6,8 @@ default: an unknown field, a value of the wrong type or out of bounds is refused
 model (``extra="forbid"``, strict types: ``1.5`` is not an ``n``, ``"1"`` not a
 ``max_tokens``). The bounds that depend on the server (``n`` up to its ``max_n``,
 ``max_tokens`` up to the model's context) come in the validation context. A ``null`` means
-the default, except for ``end`` and ``fallback``. :func:`validate` turns pydantic's errors
-into an :class:`~.errors.APIError` naming the field (:mod:`.validation`).
+the default, except for ``end`` and ``fallback``. :func:`.validation.validate` turns
+pydantic's errors into an :class:`~.errors.APIError` naming the field.
 
 Fields, as OpenAI and vLLM spell them: ``prompt`` (a string, a list of token ids, or a list
 of either for several prompts) or ``messages``, ``n``, ``max_tokens`` (chat also
