@@ -207,7 +207,7 @@ def main() -> None:
         labels.insert(0, "cd")
     ns = [1] if args.quick else [int(x) for x in args.n.split(",")]
     lm = at.load_model()
-    from adaptrack.serve.protocol import hf_chat_template
+    from adaptrack.serve.preprocess import hf_chat_template
 
     chat = hf_chat_template(lm)
     reqs = [r for r in requests(args.quick, args.maskbench_tokens)

@@ -184,7 +184,7 @@ def in_process(args: argparse.Namespace) -> None:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    from adaptrack.serve.protocol import hf_chat_template
+    from adaptrack.serve.preprocess import hf_chat_template
 
     schema = at.constraints.json_schema(SCHEMA)
     render = hf_chat_template(lm)  # the server's prompts, token for token

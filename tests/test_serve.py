@@ -717,8 +717,8 @@ def test_a_request_cancelled_while_it_waits_for_admission_is_never_run():
     """A client that leaves while the engine is inside a model call: the request is
     cancelled and admitted in the same turn. It must not run, keep a slot, nor keep the
     engine thread from stopping."""
-    from adaptrack.serve.engine_loop import EngineLoop
-    from adaptrack.serve.protocol import parse, prepare_calls
+    from adaptrack.serve import EngineLoop, parse, prepare_calls
+    from adaptrack.serve.events import Done, Failed
 
     prefixes: list[tuple[int, ...]] = []
 
@@ -746,10 +746,10 @@ def test_a_request_cancelled_while_it_waits_for_admission_is_never_run():
         job = submit("b", second)
         loop.cancel(job, RuntimeError("the client left"))
         deadline = time.monotonic() + 20
-        while not (first and first[-1][0] == "done"):
+        while not (first and isinstance(first[-1], Done)):
             assert time.monotonic() < deadline, "the first request did not finish"
             time.sleep(0.02)
-        assert [e[0] for e in second] == ["error"]
+        assert [type(e) for e in second] == [Failed]
         assert all(p[0] == 0 for p in prefixes)  # the prompt "b" never reached the model
         assert loop.running == 0 and loop.queue_length == 0
     finally:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 from .. import constraints
+from ..serve.constraint_spec import ConstraintSpec
 
 USAGE_ERROR = 2
 
@@ -248,35 +249,48 @@ def constraint_from_args(args: argparse.Namespace) -> constraints.Constraint | N
     if given and args.terminators is not None:
         option = "--" + given[0].replace("_", "-")
         raise UsageError(f"--terminators applies to --choices or no constraint, not {option}")
-    if args.constraint is not None:
-        return constraints.choice(read_lines(args.constraint, "constraint file", "--choices"),
-                                  terminators=args.terminators)
-    if args.api_names is not None:
-        return constraints.api_names(
-            [line.strip() for line in read_lines(args.api_names, "API names file",
-                                                 "--api-names")])
     if args.api_module is not None:
-        try:
-            # An imported module may print; stdout is for the result alone.
-            with stdout_to_stderr():
-                found = constraints.from_module(args.api_module)
-        except (ImportError, ValueError) as err:
-            raise UsageError(f"--api-module: cannot import module {args.api_module!r}: "
-                             f"{err}") from None
-        for where, error in found.errors:
-            print(f"adaptrack: warning: {where}: {error}", file=sys.stderr)
-        if not found.names:
-            raise UsageError(f"module {args.api_module!r} has no public names to complete")
-        return found
+        return _from_module(args.api_module)
+    spec = constraint_spec(args)
+    if spec is not None:
+        return spec.build()
+    return None if args.terminators is None else constraints.anything(args.terminators)
+
+
+def constraint_spec(args: argparse.Namespace) -> ConstraintSpec | None:
+    """The constraint given by a file or a pattern, as the server's fields give one
+    (``--api-module`` and ``--terminators`` alone are the command line's own)."""
+    if args.constraint is not None:
+        return ConstraintSpec.strings(
+            "choice", read_lines(args.constraint, "constraint file", "--choices"),
+            terminators=args.terminators)
+    if args.api_names is not None:
+        return ConstraintSpec.strings("api_names", [
+            line.strip() for line in read_lines(args.api_names, "API names file",
+                                                "--api-names")])
     if args.regex is not None:
-        return constraints.regex(args.regex)
-    for kind, build in (("json_schema", constraints.json_schema), ("lark", constraints.lark),
-                        ("gbnf", constraints.gbnf)):
+        return ConstraintSpec("regex", args.regex)
+    for kind in ("json_schema", "lark", "gbnf"):
         path = getattr(args, kind)
         if path is not None:
             option = "--" + kind.replace("_", "-")
-            return build(read_text(path, kind.replace("_", " ") + " file", option))
-    return None if args.terminators is None else constraints.anything(args.terminators)
+            return ConstraintSpec(kind, read_text(path, kind.replace("_", " ") + " file",
+                                                  option))
+    return None
+
+
+def _from_module(module: str) -> constraints.Constraint:
+    try:
+        # An imported module may print; stdout is for the result alone.
+        with stdout_to_stderr():
+            found = constraints.from_module(module)
+    except (ImportError, ValueError) as err:
+        raise UsageError(f"--api-module: cannot import module {module!r}: {err}") from None
+    for where, error in found.errors:
+        print(f"adaptrack: warning: {where}: {error}", file=sys.stderr)
+    if not found.names:
+        raise UsageError(f"module {module!r} has no public names to complete")
+    return found
 
 
 def number(x: Any) -> Any:

@@ -1,13 +1,16 @@
 """``adaptrack serve``: an OpenAI-compatible HTTP server over the engine (the optional
-``serve`` extra: Starlette and uvicorn).
+``serve`` extra: pydantic, Starlette and uvicorn), laid out like vLLM's OpenAI entrypoint
+(docs/design.md §4).
 
 :func:`create_app` builds the ASGI app around any :class:`~adaptrack.LanguageModel`;
 ``adaptrack serve`` (``cli/serve.py``) loads a model and runs it with uvicorn. Modules:
-``protocol`` parses requests into :func:`adaptrack.generate.prepare` calls and shapes the
-answers, ``engine_loop`` steps the engine in one thread over every request in flight,
-``app`` is the HTTP side, ``metrics`` the Prometheus counters. Only ``app`` needs the extra:
-it is imported on first use of :func:`create_app` or :class:`Server`, so that the command
-line starts without it.
+``protocol`` declares the request models (pydantic) and ``validation`` turns their errors
+into OpenAI's error object; ``preprocess`` makes a validated request :func:`prepare`d calls
+(:func:`parse`, :func:`prepare_calls`); ``engine_loop`` steps the engine in one thread over
+every request in flight and tells of each through the dataclasses of ``events``;
+``serving`` answers a request from those events, ``responses`` shapes the bodies and
+chunks, ``app`` holds the routes, ``metrics`` the Prometheus counters. What needs the extra
+is imported on first use, so that the command line starts without it.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ from __future__ import annotations
 from typing import Any
 
 from .engine_loop import EngineLoop
-from .protocol import APIError, parse, prepare_calls
+from .errors import APIError
 
 __all__ = ["APIError", "EngineLoop", "Server", "create_app", "parse", "prepare_calls"]
 
+_LAZY = {"Server": "serving", "create_app": "app", "parse": "preprocess",
+         "prepare_calls": "preprocess"}
+
 
 def __getattr__(name: str) -> Any:
-    if name in ("Server", "create_app"):
-        from . import app
+    if name in _LAZY:
+        import importlib
 
-        return getattr(app, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,35 +11,37 @@ cancelled (:meth:`Engine.cancel`) and the others go on.
 
 Tree reuse: a request's prefix tree is kept after it succeeds, in an LRU bounded in bytes
 (:data:`TREE_CACHE_BYTES`), under what determines the tree (prompt ids, constraint,
-temperature, top_p, max_tokens, fast-forward: :meth:`Options.tree_key`). A later request with
+temperature, top_p, max_tokens, fast-forward: :meth:`JobOptions.tree_key`). A later request with
 the same key samples from it (:meth:`PreparedCall.use_tree`): the prefixes it evaluated are
 not asked of the model again, and a seed gives the samples a fresh tree gives. A tree serves
 one request at a time; an identical request that arrives meanwhile builds its own (the
 backend's KV cache still shares the prompt's prefill).
 
-Events reach the HTTP side through each job's ``sink``, called on this thread: ``("delta",
-index, text, tokens)`` (a piece of a choice streamed token by token), ``("choice",
-Choice)`` (a choice is final), then ``("done", Outcome)`` or ``("error", APIError)``.
+Events reach the HTTP side through each job's ``sink``, called on this thread: the
+dataclasses of :mod:`.events` (:class:`Delta`, :class:`Final`, then :class:`Done` or
+:class:`Failed`). The loop knows no HTTP shape: a job's options are anything with the
+attributes of :class:`JobOptions`, and a full queue or a closing loop raise :class:`Busy`
+and :class:`Closing`, which the HTTP side answers.
 """
 
 from __future__ import annotations
 
-import codecs
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..cache import LRU
 from ..errors import SearchTimeoutError
 from ..generate import PreparedCall, Sample
 from ..lm.base import LanguageModel
 from ..sampling.engine import Engine, Request
-from ..sampling.tree import Node, PrefixTree
+from ..sampling.tree import PrefixTree
+from .events import Choice, Delta, Done, Event, Failed, Final
 from .metrics import Metrics
-from .protocol import APIError, Choice, Options, error_for, usage_body
+from .prefixes import held_back, logprobs_to, path_logprobs, stop_cut, text_so_far
 
 #: The tree cache's default bound in bytes (an estimate of each tree's memory:
 #: :func:`tree_bytes`).
@@ -54,7 +56,34 @@ NODE_BYTES = 400
 #: streamed token by token and cut at a stop string while the walk runs.
 FORWARD_ONLY = ("cd", "unconstrained")
 
-Event = tuple[Any, ...]
+
+class JobOptions(Protocol):
+    """What the loop reads of a request's options (the server's parsed request has it)."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def stop(self) -> tuple[str, ...]: ...
+    @property
+    def logprobs(self) -> bool: ...
+    @property
+    def stream(self) -> bool: ...
+
+    def tree_key(self, ids: Sequence[int]) -> Hashable: ...
+
+
+class Busy(Exception):
+    """The queue is full: ``running`` requests in the engine and ``waiting`` more."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        super().__init__(f"{running} requests running and {waiting} waiting")
+        self.running, self.waiting = running, waiting
+
+
+class Closing(Exception):
+    """The loop is shutting down and takes no new request."""
 
 
 def tree_bytes(tree: PrefixTree) -> int:
@@ -64,66 +93,8 @@ def tree_bytes(tree: PrefixTree) -> int:
     return tree.opened_bytes + tree.cache_bytes + tree.num_nodes * per_node
 
 
-def stop_cut(text: str, stops: tuple[str, ...]) -> int:
-    """Where ``text`` is cut by its stop strings: before the one that ends first (the one a
-    token-by-token check meets first; at equal ends the longer), or -1 when none occurs.
-
-    >>> stop_cut("a, b. c", (".", ", b"))
-    1
-    >>> stop_cut("abc", ("x",))
-    -1
-    """
-    best: tuple[int, int] | None = None
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best is None or (i + len(s), i) < best):
-            best = (i + len(s), i)
-    return -1 if best is None else best[1]
-
-
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """How many final characters of ``text`` could start a stop string: not streamed yet."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), hold, -1):
-            if text.endswith(s[:k]):
-                hold = k
-                break
-    return hold
-
-
-def _text_so_far(data: bytes) -> str:
-    """The text of a prefix's bytes, an incomplete final character held back."""
-    return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
-
-
-def _logprobs_to(node: Node) -> list[float]:
-    """Per-token log-probabilities of the path from the root to ``node``."""
-    out: list[float] = []
-    while node.parent is not None:
-        out.append(node.logprob - node.parent.logprob)
-        node = node.parent
-    return out[::-1]
-
-
-def _path_logprobs(tree: PrefixTree, tokens: tuple[int, ...]) -> list[float]:
-    node = tree.root
-    for t in tokens:
-        node = node.children[t]
-    return _logprobs_to(node)
-
-
 class _Finished(Exception):
     """Every choice of a request is final (each hit a stop string): its walks can stop."""
-
-
-@dataclass
-class Outcome:
-    """What a successful request returns: its choices, usage and ``adaptrack`` stats."""
-
-    choices: list[Choice]
-    usage: dict[str, int]
-    stats: dict[str, Any]
 
 
 @dataclass(eq=False)
@@ -133,7 +104,7 @@ class Job:
 
     calls: list[PreparedCall]
     keys: list[Hashable]
-    opts: Options
+    opts: JobOptions
     sink: Callable[[Event], None]
     arrived: float = field(default_factory=time.monotonic)
     deadline: float | None = None
@@ -160,7 +131,7 @@ class EngineLoop:
     """The engine thread and its queue.
 
     >>> import adaptrack as at
-    >>> from adaptrack.serve.protocol import parse, prepare_calls
+    >>> from adaptrack.serve import parse, prepare_calls
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
     >>> loop = EngineLoop(lm)
     >>> loop.start()
@@ -169,9 +140,9 @@ class EngineLoop:
     >>> done = threading.Event()
     >>> def sink(event):
     ...     events.append(event)
-    ...     done.set() if event[0] in ("done", "error") else None
+    ...     done.set() if isinstance(event, Done | Failed) else None
     >>> job = loop.submit(prepare_calls(lm, opts), opts, sink)
-    >>> done.wait(10), events[-1][1].choices[0].text
+    >>> done.wait(10), events[-1].choices[0].text
     (True, 'ab')
     >>> loop.close()
     """
@@ -211,11 +182,11 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, calls: list[PreparedCall], opts: Options,
+    def submit(self, calls: list[PreparedCall], opts: JobOptions,
                sink: Callable[[Event], None], arrived: float | None = None) -> Job:
         """Queue a request that arrived at ``arrived`` (``time.monotonic()``; default: now),
-        from which its timeout counts; :class:`APIError` 429 (with ``Retry-After``) when the
-        queue is full, 503 once the server is shutting down."""
+        from which its timeout counts; :class:`Busy` when the queue is full, :class:`Closing`
+        once the loop is shutting down."""
         keys = [opts.tree_key(call.ids) for call in calls]
         job = Job(calls, keys, opts, sink)
         if arrived is not None:
@@ -224,12 +195,9 @@ class EngineLoop:
             job.deadline = job.arrived + self.timeout
         with self._cond:
             if self._closing or not self.alive:
-                raise APIError(503, "the server is shutting down; retry later or on another",
-                               code="shutting_down")
+                raise Closing("the engine loop is shutting down")
             if len(self._pending) + len(self._running) >= self.max_concurrent + self.max_queue:
-                raise APIError(429, f"the server is busy: {len(self._running)} requests "
-                                    f"running and {len(self._pending)} waiting; retry later",
-                               code="queue_full", headers={"Retry-After": "1"})
+                raise Busy(len(self._running), len(self._pending))
             self._pending.append(job)
             self._cond.notify()
         return job
@@ -303,7 +271,7 @@ class EngineLoop:
                 self._running.remove(job)
             if not job.over:
                 job.over = True
-                self._emit(job, ("error", error_for(err)))
+                self._emit(job, Failed(err))
 
     def _timeout(self, job: Job) -> SearchTimeoutError:
         return SearchTimeoutError(
@@ -344,7 +312,7 @@ class EngineLoop:
         cut = stop_cut(text, job.opts.stop)
         if cut >= 0:
             text, reason = text[:cut], "stop"
-        logprobs = (_path_logprobs(call.tree, sample.tokens) if job.opts.logprobs else None)
+        logprobs = (path_logprobs(call.tree, sample.tokens) if job.opts.logprobs else None)
         self._final(job, Choice(index, text, reason, sample.tokens, logprobs))
 
     def _final(self, job: Job, choice: Choice) -> None:
@@ -356,8 +324,8 @@ class EngineLoop:
             rest = choice.text[len(sent):] if choice.text.startswith(sent) else ""
             lps = None if choice.token_logprobs is None else choice.token_logprobs[ntok:]
             if rest or lps:
-                self._emit(job, ("delta", choice.index, rest, choice.tokens[ntok:], lps))
-        self._emit(job, ("choice", choice))
+                self._emit(job, Delta(choice.index, rest, choice.tokens[ntok:], lps))
+        self._emit(job, Final(choice))
 
     def _watch(self, job: Job) -> None:
         """After a step: stream each running choice's new text, and end the choices whose
@@ -370,26 +338,26 @@ class EngineLoop:
                 index = k * n + i
                 if index in job.choices:
                     continue
-                text = _text_so_far(vocab.decode(node.tokens))
+                text = text_so_far(vocab.decode(node.tokens))
                 cut = stop_cut(text, stops)
                 if cut >= 0:
-                    lps = _logprobs_to(node) if job.opts.logprobs else None
+                    lps = logprobs_to(node) if job.opts.logprobs else None
                     self._final(job, Choice(index, text[:cut], "stop", node.tokens, lps))
                     self.engine.drop(req, i)  # its walk asks the model for nothing more
                     continue
                 if not job.opts.stream:
                     continue
-                visible = len(text) - _held_back(text, stops)
+                visible = len(text) - held_back(text, stops)
                 sent, ntok = job._sent.get(index, ("", 0))
                 # Whole tokens only, so that a piece's tokens and log-probs match its text.
                 upto, shown = len(node.tokens), text
                 while upto > ntok and len(shown) > visible:
                     upto -= 1
-                    shown = _text_so_far(vocab.decode(node.tokens[:upto]))
+                    shown = text_so_far(vocab.decode(node.tokens[:upto]))
                 if len(shown) > len(sent) and shown.startswith(sent):
-                    lps = _logprobs_to(node)[ntok:upto] if job.opts.logprobs else None
-                    self._emit(job, ("delta", index, shown[len(sent):],
-                                     node.tokens[ntok:upto], lps))
+                    lps = logprobs_to(node)[ntok:upto] if job.opts.logprobs else None
+                    self._emit(job, Delta(index, shown[len(sent):], node.tokens[ntok:upto],
+                                          lps))
                     job._sent[index] = (shown, upto)
         if len(job.choices) == job.total:
             for req in job.requests:
@@ -420,7 +388,7 @@ class EngineLoop:
         if error is not None:
             for req in job.requests:
                 self.engine.cancel(req, error)
-            self._emit(job, ("error", error_for(error, job.opts.constraint_field)))
+            self._emit(job, Failed(error))
             return
         stats = self._stats(job)
         for call, key in zip(job.calls, job.keys, strict=True):
@@ -428,14 +396,13 @@ class EngineLoop:
             if held is None or held.num_nodes <= call.tree.num_nodes:
                 self.trees.put(key, call.tree)
         choices = [job.choices[i] for i in sorted(job.choices)]
-        prompt_tokens = sum(len(call.ids) for call in job.calls)
-        completion_tokens = sum(len(c.tokens) for c in choices)
-        self.metrics.add(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        done = Done(choices, sum(len(call.ids) for call in job.calls), stats)
+        self.metrics.add(prompt_tokens=done.prompt_tokens,
+                         completion_tokens=done.completion_tokens,
                          lm_calls=stats["lm_calls"], backtracks=stats["backtracks"],
                          forced_tokens=stats["forced_tokens"],
                          tree_reuses=stats["trees_reused"])
-        self._emit(job, ("done", Outcome(choices, usage_body(prompt_tokens, completion_tokens),
-                                         stats)))
+        self._emit(job, done)
 
     def _stats(self, job: Job) -> dict[str, Any]:
         """The ``adaptrack`` field: this request's model calls and counters (a reused

@@ -1,0 +1,245 @@
+"""A validated request made ready for the engine: :func:`parse` turns a body into
+:class:`Options` (its model from :mod:`.validation`, the prompts' token ids, the
+constraint), and :func:`prepare_calls` into prepared calls of
+:func:`adaptrack.generate.prepare`. Every check runs here, before any model work; a bad
+request becomes an :class:`~.errors.APIError` naming the field.
+
+>>> import adaptrack as at
+>>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+>>> opts = parse(b'{"prompt": "ab", "guided_choice": ["a", "b"], "n": 2}', "completion", lm)
+>>> opts.prompts, opts.n, opts.method, opts.constraint_field
+([[0, 1]], 2, 'adaptrack', 'guided_choice')
+>>> try:
+...     parse(b'{"prompt": "ab", "n": 0}', "completion", lm)
+... except APIError as err:
+...     err.status, err.body()["error"]["param"]
+(400, 'n')
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..constraints.base import Constraint
+from ..errors import GrammarError, PromptTooLongError
+from ..generate import METHODS, PreparedCall, prepare
+from ..lm.base import LanguageModel
+from .constraint_spec import ConstraintSpec
+from .errors import APIError, bad, error_for
+from .protocol import (
+    MAX_N,
+    MAX_TOKENS_UNKNOWN_CONTEXT,
+    BaseRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from .validation import validate
+
+#: ``max_tokens`` when a request gives none: OpenAI's default for completions; for chat (whose
+#: OpenAI default is "up to the context") a bound that keeps a search's tree small.
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}
+
+#: Renders chat messages ([{"role", "content"}]) to a prompt: its text or its token ids.
+ChatTemplate = Callable[[list[dict[str, str]]], "str | list[int]"]
+
+
+@dataclass
+class Options:
+    """A parsed request: the prompts' token ids and what :func:`prepare_calls` needs."""
+
+    kind: str  # "completion" or "chat"
+    prompts: list[list[int]]
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    constraint: Constraint | None = None
+    constraint_field: str | None = None
+    #: What identifies the constraint (its field and value): part of the tree cache's key.
+    constraint_key: Hashable = None
+    method: str = "unconstrained"
+    share_q: bool = False
+    max_backtrack: int | None = None
+    fast_forward: bool = True
+    end: str = "leave"
+    fallback: str | None = "cd"
+    #: The search's time budget (None: the server's); past it the fallback answers.
+    max_seconds: float | None = None
+
+    @property
+    def prompt_field(self) -> str:
+        return "messages" if self.kind == "chat" else "prompt"
+
+    def tree_key(self, ids: Sequence[int]) -> Hashable:
+        """What determines a prompt's prefix tree (docs/design.md §4): prompt ids,
+        constraint, temperature (0 keeps the model's own distribution, as 1 does), top_p,
+        max_new_tokens, fast-forward (forced or prefilled, by method), and whether the walk
+        is unconstrained."""
+        unconstrained = self.method == "unconstrained"
+        ff = self.fast_forward and not unconstrained
+        # The constraint stays in the key when unconstrained: its terminators end the walk.
+        return (tuple(ids), self.constraint_key,
+                self.temperature or 1.0, self.top_p, self.max_tokens,
+                ff, ff and METHODS[self.method].forces_chains, unconstrained,
+                unconstrained or self.end)
+
+
+def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None = None,
+          chat_template: ChatTemplate | None = None, max_n: int = MAX_N) -> Options:
+    """The request ``body`` of ``kind`` (``"completion"`` or ``"chat"``) as :class:`Options`,
+    or an :class:`APIError` naming the field and the reason. ``model``: the served model's
+    name (another name is a 404); ``chat_template`` renders ``messages``."""
+    context = lm.context_length
+    cap = context if context is not None else MAX_TOKENS_UNKNOWN_CONTEXT
+    req = validate(body, kind, max_n=max_n, max_tokens=cap)
+    if req.model is not None and model is not None and req.model != model:
+        raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
+                            f"'{model}' (GET /v1/models)", param="model",
+                       code="model_not_found")
+    spec = constraint_spec(req)
+    constraint = None
+    if spec is not None:
+        try:
+            constraint = spec.build()
+        except (GrammarError, ValueError, TypeError) as err:
+            raise bad(str(req.constraint_field), " ".join(str(err).split())) from None
+    if isinstance(req, ChatCompletionRequest):
+        prompts = _messages(lm, req, chat_template)
+        max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+    else:
+        assert isinstance(req, CompletionRequest)
+        prompts, max_tokens = _prompts(lm, req), req.max_tokens
+    param = "messages" if kind == "chat" else "prompt"
+    if any(not ids for ids in prompts):
+        raise bad(param, "is empty (no tokens); give some text")
+    if len(prompts) * req.n > max_n:
+        raise bad("n", f"{len(prompts)} prompts × n={req.n} choices is more than {max_n}")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS[kind]
+        if context is not None:  # fit the default to the context; a given one is checked
+            max_tokens = max(1, min(max_tokens, context - max(len(p) for p in prompts)))
+    return Options(kind, prompts, req.n, max_tokens, req.temperature, req.top_p, req.seed,
+                   req.stop, req.logprobs is not None and req.logprobs is not False,
+                   req.stream, req.include_usage, constraint, req.constraint_field,
+                   None if spec is None else spec.key, req.method, req.share_q,
+                   req.max_backtrack, req.fast_forward, req.end,
+                   None if req.fallback == "none" else req.fallback, req.max_seconds)
+
+
+def constraint_spec(req: BaseRequest) -> ConstraintSpec | None:
+    """The constraint a validated request asks for (at most one field), as a spec."""
+    field = req.constraint_field
+    if field is None:
+        return None
+    if req.response_format is not None and field == "response_format":
+        if req.response_format.type == "json_object":
+            return ConstraintSpec.json({"type": "object"})
+        assert req.response_format.json_schema is not None  # the model checked
+        return ConstraintSpec.json(req.response_format.json_schema.schema_)
+    value = getattr(req, field)
+    if field == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise bad(field, f"not JSON: {err}") from None
+        return ConstraintSpec.json(value)
+    if field == "guided_regex":
+        return ConstraintSpec("regex", value)
+    if field == "guided_grammar":
+        return ConstraintSpec.grammar(value)
+    return ConstraintSpec.strings(field.removeprefix("guided_"), value)
+
+
+# -- prompts -------------------------------------------------------------------------------
+
+
+def _token_ids(lm: LanguageModel, value: list[int], param: str) -> list[int]:
+    bad_ids = [t for t in value if not 0 <= t < lm.vocab.size]
+    if bad_ids:
+        raise bad(param, f"token ids {bad_ids[:5]} are outside the vocabulary "
+                         f"(0..{lm.vocab.size - 1})")
+    return list(value)
+
+
+def _encode(lm: LanguageModel, text: str, param: str) -> list[int]:
+    try:
+        return list(lm.encode(text))
+    except (ValueError, TypeError) as err:
+        raise bad(param, f"cannot be tokenized: {' '.join(str(err).split())}") from None
+
+
+def _prompts(lm: LanguageModel, req: CompletionRequest) -> list[list[int]]:
+    value = req.prompt
+    if isinstance(value, str):
+        return [_encode(lm, value, "prompt")]
+    if all(isinstance(p, str) for p in value):
+        return [_encode(lm, p, "prompt") for p in value]  # type: ignore[arg-type]
+    if all(isinstance(p, list) for p in value):
+        return [_token_ids(lm, p, "prompt") for p in value]  # type: ignore[arg-type]
+    return [_token_ids(lm, value, "prompt")]  # type: ignore[arg-type]
+
+
+def hf_chat_template(lm: LanguageModel) -> ChatTemplate | None:
+    """The tokenizer's chat template of a transformers model (None when it has none): the
+    messages rendered with the assistant's turn opened, tokenized without adding special
+    tokens (the template writes them)."""
+    tokenizer = getattr(lm, "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(messages: list[dict[str, str]]) -> list[int]:
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return render
+
+
+def _messages(lm: LanguageModel, req: ChatCompletionRequest,
+              template: ChatTemplate | None) -> list[list[int]]:
+    if template is None:
+        raise APIError(400, "this model has no chat template: use /v1/completions with a "
+                            "prompt", param="messages", code="no_chat_template")
+    messages = [{"role": m.role, "content": m.content} for m in req.messages]
+    try:
+        rendered = template(messages)
+    except Exception as err:  # a template's own check (roles must alternate, …)
+        raise bad("messages", f"the chat template refused them: "
+                              f"{' '.join(str(err).split())}") from None
+    if isinstance(rendered, str):
+        return [_encode(lm, rendered, "messages")]
+    return [_token_ids(lm, list(rendered), "messages")]
+
+
+def prepare_calls(lm: LanguageModel, opts: Options, **budgets: Any) -> list[PreparedCall]:
+    """One prepared call per prompt of ``opts`` (:func:`adaptrack.generate.prepare`, with
+    ``budgets`` such as ``max_seconds``, which the request's own ``max_seconds`` can only
+    lower): the library's own checks, before any model work, as :class:`APIError` naming
+    the field (a prompt too long for the context is 400, an empty language found up front
+    422)."""
+    if opts.max_seconds is not None:
+        cap = budgets.get("max_seconds")
+        budgets["max_seconds"] = opts.max_seconds if cap is None else min(cap, opts.max_seconds)
+    calls = []
+    for ids in opts.prompts:
+        try:
+            calls.append(prepare(
+                lm, ids, opts.constraint, opts.method, opts.n, opts.temperature, opts.top_p,
+                opts.max_tokens, opts.seed, opts.fast_forward, share_q=opts.share_q,
+                max_backtrack=opts.max_backtrack, end=opts.end, fallback=opts.fallback,
+                **budgets))
+        except PromptTooLongError as err:
+            too_long = lm.context_length is not None and opts.max_tokens >= lm.context_length
+            raise error_for(err, "max_tokens" if too_long else opts.prompt_field) from None
+        except Exception as err:  # the library's checks: mapped by kind
+            raise error_for(err, opts.constraint_field) from None
+    return calls
