@@ -60,8 +60,17 @@ def test_study_on_an_exact_model(tmp_path: Path) -> None:
         both = [s["cells"][p][m]["kl"] for p in ("cp_1", "binary_1")]
         assert s["table"][m]["average"] == pytest.approx(sum(both) / 2)
         assert len(s["curves"]["cp"][m]) == (300 - 75) // 1 + 1
+    # Against exact's samples: every string has the same log-probability, so the excess is
+    # the difference of the exact KLs, with no spread.
+    for m in ("cd", "adaptrack"):
+        delta, half = cells[m]["excess"]
+        assert delta == pytest.approx(cells[m]["exact_kl"] - cells["exact"]["exact_kl"])
+        assert half == pytest.approx(0.0, abs=1e-9)
+    assert cells["cd"]["excess"][0] > 0.3 and abs(cells["adaptrack"]["excess"][0]) < 0.15
+    assert "excess" not in cells["exact"]
     text = report.report(path, plots=tmp_path / "plots")
     assert "| Constrained decoding | " in text and "Exact KL to the enumerated target" in text
+    assert "## Excess KL over exact" in text
     assert (tmp_path / "plots" / "dsl-binary-kl.png").stat().st_size > 1000
     # Resuming with more datasets runs only the new jobs.
     more = dsl.DslTask(n=300, data=task.data, datasets=("slia", "cp", "binary"),

@@ -660,6 +660,52 @@ def _dsl_run(r: Record, target: dict[tuple[int, ...], float] | None) -> dict[str
     return out
 
 
+def excess_kl(seqs: Sequence[Any], logprobs: Sequence[float], ref: Sequence[Any],
+              ref_logprobs: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A method's KL(Q ‖ P_LM) minus a reference sampler's on the same problem, and the
+    half-width of its normal-approximation interval (``z`` = 1.96: 95 %).
+
+    Both KLs carry the same unknown −log Z, so the difference does not: with exact's
+    samples as the reference it is how much farther from the target the method's samples
+    are than a perfect sampler's at the same n. KL(Q ‖ P_LM) = Σ Q log Q − mean log P_LM(s);
+    the interval comes from the variance of the log-likelihood term (each side's sample
+    variance over its n), the entropy term being fixed by the samples' multiplicities.
+
+    >>> a = [("x",), ("y",), ("z",), ("w",)]
+    >>> delta, half = excess_kl(a, [-1.0, -2.0, -3.0, -2.0], a, [-1.0, -2.0, -3.0, -2.0])
+    >>> delta, round(half, 3)   # the same samples: no excess, an interval around 0
+    (0.0, 1.132)
+    >>> round(excess_kl(a, [-5.0, -6.0, -7.0, -6.0], a, [-1.0, -2.0, -3.0, -2.0])[0], 6)
+    4.0
+    """
+    def parts(xs: Sequence[Any], lps: Sequence[float]) -> tuple[float, float, float]:
+        lp = np.asarray(lps, dtype=float)
+        q = np.asarray(list(Counter(xs).values()), dtype=float) / len(xs)
+        var = float(lp.var(ddof=1)) if len(lp) > 1 else math.inf
+        return float(np.sum(q * np.log(q))), float(lp.mean()), var / len(lp)
+
+    neg_h, mean_lp, v = parts(seqs, logprobs)
+    ref_neg_h, ref_mean_lp, ref_v = parts(ref, ref_logprobs)
+    delta = (neg_h - mean_lp) - (ref_neg_h - ref_mean_lp)
+    return delta, z * math.sqrt(v + ref_v)
+
+
+def _excess(r: Record, reference: Record) -> tuple[float, float] | None:
+    """:func:`excess_kl` of a DSL record against the reference method's record of the same
+    problem, over the samples :func:`_dsl_run` keeps (ended inside the grammar)."""
+    def kept(rec: Record) -> tuple[list[tuple[int, ...]], list[float]]:
+        valid = rec["valid"] if "valid" in rec else rec["complete"]
+        ks = [k for k, (ok, c) in enumerate(zip(valid, rec["complete"], strict=True))
+              if ok and c]
+        return [tuple(rec["samples"][k]) for k in ks], [rec["logprobs"][k] for k in ks]
+
+    seqs, lps = kept(r)
+    ref, ref_lps = kept(reference)
+    if len(seqs) < 2 or len(ref) < 2:
+        return None
+    return excess_kl(seqs, lps, ref, ref_lps)
+
+
 def dsl_scores(records: list[Record]) -> dict[str, Any]:
     """Per problem and method, :func:`_dsl_run`'s numbers; per dataset and method the mean
     KL over the problems that every method in the file finished (Table 4), and the mean
@@ -679,6 +725,14 @@ def dsl_scores(records: list[Record]) -> dict[str, Any]:
             errors[r["method"]].append(r["problem"])
         else:
             cells[r["problem"]][r["method"]] = _dsl_run(r, targets.get(r["problem"]))
+    # Against exact (the reference: its samples are draws of the target) wherever it ran.
+    finished = {(r["problem"], r["method"]): r for r in runs if "error" not in r}
+    for (problem, method), r in finished.items():
+        ref = finished.get((problem, "exact"))
+        if ref is not None and method not in ("exact", "unconstrained"):
+            found = _excess(r, ref)
+            if found is not None:
+                cells[problem][method]["excess"] = found
     # Unconstrained is a reference, often without one sample that ended within the budget:
     # it does not decide which problems the constrained methods are compared on.
     required = [m for m in methods if m != "unconstrained"] or methods
@@ -699,7 +753,16 @@ def dsl_scores(records: list[Record]) -> dict[str, Any]:
     for m in methods:  # weighted by problems, as the paper averages
         if common and all("kl" in cells[p].get(m, {}) for p in common):
             table[m]["average"] = float(np.mean([cells[p][m]["kl"] for p in common]))
+    excess: dict[str, dict[str, tuple[float, float]]] = {m: {} for m in methods}
+    for d in datasets:  # a mean over problems; the half-widths add in quadrature
+        mine = [p for p in common if dataset_of[p] == d]
+        for m in methods:
+            found = [cells[p][m]["excess"] for p in mine if "excess" in cells[p].get(m, {})]
+            if found and len(found) == len(mine):
+                excess[m][d] = (float(np.mean([e for e, _ in found])),
+                                math.sqrt(sum(h * h for _, h in found)) / len(found))
     return {"methods": methods, "required": required, "cells": dict(cells), "common": common,
+            "excess": excess,
             "datasets": datasets,
             "dataset_of": dataset_of, "table": table, "curves": curves, "targets": targets,
             "errors": dict(errors), "wall_seconds": wall_seconds(records),
@@ -755,6 +818,7 @@ def dsl_report(header: dict[str, Any], records: list[Record],
             (f"{cells[p][m]['kl']:.2f}" if "kl" in cells[p].get(m, {}) else "–")
             + (f" ({100 * cells[p][m]['valid']:.0f}%)" if m in cells[p] else "")
             for m in methods) + " |")
+    lines += _excess_section(s)
     exact = {p: s["targets"][p] for p in common if p in s["targets"]}
     for p, target in exact.items():
         noise = iid_kls(target, min(cells[p][m]["used"] for m in required))
@@ -771,6 +835,26 @@ def dsl_report(header: dict[str, Any], records: list[Record],
         lines += [f"![{DSL_COLUMNS[d]}]({_plot_dsl(s, d, header, Path(plots))})"
                   for d in datasets]
     return "\n".join(lines)
+
+
+def _excess_section(s: dict[str, Any]) -> list[str]:
+    """The estimate against exact's samples (:func:`excess_kl`) per dataset and problem."""
+    shown = [m for m in s["methods"] if s["excess"].get(m)]
+    if not shown:
+        return []
+    datasets = [d for d in s["datasets"] if any(d in s["excess"][m] for m in shown)]
+    lines = ["", "## Excess KL over exact, with 95 % intervals", "",
+             "A method's KL(Q ‖ P_LM) minus exact's on the same problem: the unknown log Z "
+             "cancels, so this estimates how much farther from the target P(· | c) the "
+             "method's samples are than draws of the target itself (exact's), at the same "
+             "n. ± the half-width of a normal-approximation 95 % interval from the spread "
+             "of the samples' log-probabilities; per dataset the mean over its problems. An "
+             "interval above 0 is distortion the samples show; one that holds 0 shows none "
+             "at this n (not its absence).", "",
+             *_table([DSL_COLUMNS[d] for d in datasets],
+                     {m: [f"{s['excess'][m][d][0]:+.2f} ± {s['excess'][m][d][1]:.2f}"
+                          if d in s["excess"][m] else "" for d in datasets] for m in shown})]
+    return lines
 
 
 def _plot_dsl(s: dict[str, Any], dataset: str, header: dict[str, Any], out: Path) -> Path:
