@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics
 from ..errors import AdaptrackError
+from . import metrics
 from .runner import Record, read_results
 from .tfv1 import backtrack_label
 
