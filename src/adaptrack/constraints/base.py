@@ -18,7 +18,7 @@ from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
 
 if TYPE_CHECKING:
-    from .anything import Anything
+    from .anything import Anything as Anything
 
 State = Hashable
 

@@ -55,7 +55,7 @@ class _RemoteTraceback(Exception):
     """Where a job failed in its actor (Ray's text of the remote traceback)."""
 
 
-def _cause(err: Any) -> BaseException:
+def _cause(err: BaseException) -> BaseException:
     """The exception a job raised in an actor, with the remote traceback as its cause, so
     the command line reports the library's own one-line error."""
     cause = getattr(err, "cause", None)
