@@ -1,4 +1,4 @@
-"""Tests for adaptrack.metrics."""
+"""Tests for adaptrack.eval.metrics."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from adaptrack import metrics
-from adaptrack.metrics import (
+from adaptrack.eval import metrics
+from adaptrack.eval.metrics import (
     em_at_k,
     empirical_distribution,
     kl_divergence,
@@ -31,6 +31,21 @@ def test_docstring_examples_run() -> None:
     result = doctest.testmod(metrics, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_adaptrack_metrics_is_an_alias_of_eval_metrics() -> None:
+    import importlib
+    import warnings
+
+    import adaptrack.metrics as old
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the alias is quiet: no DeprecationWarning
+        importlib.reload(old)
+
+    for name in [*metrics.__all__, "kl_to_lm", "LogProb"]:
+        assert getattr(old, name) is getattr(metrics, name), name
+    assert old.__all__ == metrics.__all__
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-from . import metrics, testing
-from .eval import binary
+from . import testing
+from .eval import binary, metrics
 from .eval.tfv1 import (
     FIGURE3_PROMPT,
     FIGURE3_V1_INTENT,

@@ -19,7 +19,6 @@ from typing import Any, TextIO
 
 from ..errors import AdaptrackError, PromptTooLongError, SearchTimeoutError
 from ..generate import (
-    END_POLICIES,
     MAX_SECONDS,
     METHODS,
     GenerationResult,
@@ -28,6 +27,7 @@ from ..generate import (
     generate,
 )
 from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
+from ..sampling.tree import END_POLICIES
 from .common import (
     UsageError,
     add_constraint_arguments,

@@ -1,4 +1,4 @@
-"""A :class:`~adaptrack.eval.runner.Pool` on Ray: one actor per worker, on one machine or a
+"""A :class:`~adaptrack.eval.jobs.Pool` on Ray: one actor per worker, on one machine or a
 cluster.
 
 Each actor receives the task once, loads its model once (``task.setup(threads)``, as a
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import WorkerError
-from .runner import Job, Record, Task, _groups, _timed_group, available_cpus
+from .jobs import Job, Record, Task, available_cpus, grouped, timed_group
 
 RAY_EXTRA = "pip install 'adaptrack[ray]' (or: pip install 'ray>=2.9')"
 
@@ -48,14 +48,14 @@ class _Worker:
         return None
 
     def run(self, jobs: list[Job]) -> list[Record]:
-        return _timed_group(self.task, jobs)
+        return timed_group(self.task, jobs)
 
 
 class _RemoteTraceback(Exception):
     """Where a job failed in its actor (Ray's text of the remote traceback)."""
 
 
-def _cause(err: Any) -> BaseException:
+def _cause(err: BaseException) -> BaseException:
     """The exception a job raised in an actor, with the remote traceback as its cause, so
     the command line reports the library's own one-line error."""
     cause = getattr(err, "cause", None)
@@ -80,7 +80,7 @@ class RayPool:
     node's) and runs with that many threads (at least 1), and, unless the task's device is
     ``"cpu"``, an equal share of its GPUs; Ray spreads the actors over the nodes, and an
     actor Ray cannot place gets no jobs. Jobs are handed out in order, in
-    groups (:func:`~adaptrack.eval.runner.group_size`), to the actors that have set up.
+    groups (:func:`~adaptrack.eval.jobs.group_size`), to the actors that have set up.
     When a job fails or the run is interrupted, the records already finished are yielded
     first and the actors are killed without waiting for the jobs they hold.
 
@@ -140,7 +140,7 @@ class RayPool:
         actors = [actor_class.remote(task, max(1, int(cpus))) for _ in range(self.workers)]
         # each waited-on reference -> (its actor, whether it is the actor's setup)
         pending: dict[Any, tuple[Any, bool]] = {a.setup.remote(): (a, True) for a in actors}
-        groups = _groups(task, jobs)
+        groups = grouped(task, jobs)
         given = running = 0
         failed: BaseException | None = None
         try:

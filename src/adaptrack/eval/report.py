@@ -19,14 +19,14 @@ import math
 import os
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import metrics
 from ..errors import AdaptrackError
+from . import metrics
 from .runner import Record, read_results
 from .tfv1 import backtrack_label
 
@@ -307,9 +307,11 @@ def _sweep_section(header: dict[str, Any], records: list[Record], task: str, nam
                   "backtracks per problem (the samples only).", "",
                   "| Setting | cost | " + " | ".join(f"{symbol}={x}" for x in labels) + " |",
                   "|---" * (2 + len(labels)) + "|"]
+        costs: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+            ("calls/sample", lambda c: f"{c['calls'][0]:.2f}"),
+            ("backtracks", lambda c: f"{c['backtracks']:.1f}"))
         for st in first["settings"]:
-            for what, fmt in (("calls/sample", lambda c: f"{c['calls'][0]:.2f}"),
-                              ("backtracks", lambda c: f"{c['backtracks']:.1f}")):
+            for what, fmt in costs:
                 row = [fmt(p["cells"][("adaptrack", st)])
                        if ("adaptrack", st) in p["cells"] else "" for p in points.values()]
                 lines.append(f"| {st} | {what} | " + " | ".join(row) + " |")

@@ -34,101 +34,26 @@ import os
 import signal
 import stat
 import sys
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
+from .jobs import Job as Job
+from .jobs import Pool as Pool
+from .jobs import Record as Record
+from .jobs import Task as Task
+from .jobs import available_cpus as available_cpus
+from .jobs import group_size as group_size
+from .jobs import grouped as _groups
+from .jobs import timed_group as _timed_group
 from .sandbox import STATUSES
 
 if TYPE_CHECKING:
     from ..generate import GenerationResult
-
-Job = dict[str, Any]
-Record = dict[str, Any]
-
-
-class Task(Protocol):
-    """An evaluation: jobs, a once-per-worker setup, and one job → one JSON record."""
-
-    def config(self) -> dict[str, Any]:
-        """The options that decide the results (written to, and checked against, the header)."""
-        ...
-
-    def jobs(self) -> list[Job]:
-        """Every job, each a JSON object with a unique ``"key"``."""
-        ...
-
-    def setup(self, threads: int | None = None) -> None:
-        """Load the model (once per worker; ``threads``: CPU threads it may use)."""
-        ...
-
-    def run(self, job: Job) -> Record:
-        """Do one job; the record must be JSON and hold the job's ``"key"``."""
-        ...
-
-
-def group_size(task: Task) -> int:
-    """How many jobs a worker runs together: a task with ``run_many(jobs)`` (records in job
-    order) serves a group of ``task.group`` jobs at once (one engine, shared batched model
-    calls); any other task one job at a time with ``run``."""
-    if not callable(getattr(task, "run_many", None)):
-        return 1
-    return max(1, int(getattr(task, "group", 1)))
-
-
-def _timed_group(task: Task, jobs: list[Job]) -> list[Record]:
-    """Run a group of jobs; each record is stamped with the group's start and end (its jobs
-    ran at the same time)."""
-    if group_size(task) == 1:
-        return [_timed(task, job) for job in jobs]
-    started = time.time()
-    records = task.run_many(jobs)  # type: ignore[attr-defined]
-    finished = time.time()
-    return [{**r, "started_at": started, "finished_at": finished} for r in records]
-
-
-def _groups(task: Task, jobs: list[Job]) -> list[list[Job]]:
-    """Consecutive jobs, at most :func:`group_size` a group; a task whose ``group_key(job)``
-    names what belongs together (a problem) never mixes two keys in a group."""
-    size = group_size(task)
-    key = getattr(task, "group_key", None)
-    out: list[list[Job]] = []
-    for job in jobs:
-        last = out[-1] if out else None
-        if (last is None or len(last) >= size
-                or (key is not None and key(last[0]) != key(job))):
-            out.append([job])
-        else:
-            last.append(job)
-    return out
-
-
-class Pool(Protocol):
-    """Runs jobs of a task and yields their records in the order they finish."""
-
-    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]: ...
-
-
-def _timed(task: Task, job: Job) -> Record:
-    """Run one job and stamp its record with when it started and finished (epoch seconds),
-    so a report can measure wall time across workers and resumed sessions."""
-    started = time.time()
-    record = task.run(job)
-    return {**record, "started_at": started, "finished_at": time.time()}
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity, which containers restrict)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
 
 class InProcess:
     """Run jobs one after another in this process."""

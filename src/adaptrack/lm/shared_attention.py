@@ -24,6 +24,7 @@ the model computes bit for bit as before wherever a shared layer is not used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -105,7 +106,7 @@ def shared_layer(shared: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
 
 
 @cache
-def _sdpa() -> Any:
+def _sdpa() -> Callable[..., tuple[torch.Tensor, None]]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward

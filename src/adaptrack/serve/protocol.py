@@ -41,7 +41,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..generate import END_POLICIES, METHODS
+from ..generate import METHODS
+from ..sampling.tree import END_POLICIES
 from .errors import show
 
 #: OpenAI's limit on ``n``: more choices than this in one request is a 400.

@@ -85,9 +85,9 @@ def _space_marker(backend: Any) -> str | None:
         return None
     for p in parts:
         if p["type"] == "Metaspace":
-            return p.get("replacement", "▁")
+            return str(p.get("replacement", "▁"))
         if p["type"] == "Replace" and p.get("content") == " " and "String" in p["pattern"]:
-            return p["pattern"]["String"]
+            return str(p["pattern"]["String"])
     if "ByteFallback" in types:
         return "▁"
     raise ValueError(
