@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .constraints.base import Anything, Constraint, Matcher
+from .constraints.anything import Anything
+from .constraints.base import Constraint, Matcher
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
 from .sampling.adaptrack import AdapTrack

@@ -759,10 +759,11 @@ def dsl_scores(records: list[Record]) -> dict[str, Any]:
     for d in datasets:  # a mean over problems; the half-widths add in quadrature
         mine = [p for p in common if dataset_of[p] == d]
         for m in methods:
-            found = [cells[p][m]["excess"] for p in mine if "excess" in cells[p].get(m, {})]
-            if found and len(found) == len(mine):
-                excess[m][d] = (float(np.mean([e for e, _ in found])),
-                                math.sqrt(sum(h * h for _, h in found)) / len(found))
+            pairs: list[tuple[float, float]] = [
+                cells[p][m]["excess"] for p in mine if "excess" in cells[p].get(m, {})]
+            if pairs and len(pairs) == len(mine):
+                excess[m][d] = (float(np.mean([e for e, _ in pairs])),
+                                math.sqrt(sum(h * h for _, h in pairs)) / len(pairs))
     return {"methods": methods, "required": required, "cells": dict(cells), "common": common,
             "excess": excess,
             "datasets": datasets,
