@@ -155,7 +155,8 @@ def _gather(order: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     ends = np.cumsum(counts)
     # Position j of the output reads order[lo[k] + j - start[k]] for the range k it is in.
     idx = np.repeat(lo - (ends - counts), counts) + np.arange(ends[-1])
-    return order[idx]
+    out: np.ndarray = order[idx]
+    return out
 
 
 class ChoiceMatcher(Matcher):

@@ -62,6 +62,8 @@ class _Rep:
 
 # A tuple is a group: its alternatives, each a tuple of items.
 _Expr = _Sym | _Lit | _Rep | tuple[Any, ...]
+#: A rule's alternatives, each a sequence of items.
+_Alts = tuple[tuple[_Expr, ...], ...]
 
 
 def _unescape(body: str, line: int) -> str:
@@ -119,7 +121,7 @@ def _class(text: str, line: int) -> str:
     return "/[" + ("^" if negate else "") + "".join(parts) + "]/"
 
 
-def _parse(text: str) -> tuple[dict[str, tuple], list[str]]:
+def _parse(text: str) -> tuple[dict[str, _Alts], list[str]]:
     """The rules (name → alternatives, each a tuple of items) in order of definition."""
     tokens: list[tuple[str, str, int]] = []
     pos, line = 0, 1
@@ -133,11 +135,11 @@ def _parse(text: str) -> tuple[dict[str, tuple], list[str]]:
             tokens.append((kind, m.group(), line))
         line += m.group().count("\n")
         pos = m.end()
-    rules: dict[str, tuple] = {}
+    rules: dict[str, _Alts] = {}
     order: list[str] = []
     i = 0
 
-    def alternatives(stop: str | None) -> tuple:
+    def alternatives(stop: str | None) -> _Alts:
         nonlocal i
         alts: list[tuple[_Expr, ...]] = []
         seq: list[_Expr] = []
@@ -185,11 +187,11 @@ def _parse(text: str) -> tuple[dict[str, tuple], list[str]]:
     return rules, order
 
 
-def _prune(rules: dict[str, tuple]) -> dict[str, tuple]:
+def _prune(rules: dict[str, _Alts]) -> dict[str, _Alts]:
     """The rules with every alternative that needs an undefined (dead) nonterminal deleted,
     to a fixpoint; rules left without alternatives are dropped."""
 
-    def live(item: _Expr, alive: dict[str, tuple]) -> _Expr | None:
+    def live(item: _Expr, alive: dict[str, _Alts]) -> _Expr | None:
         if isinstance(item, _Sym):
             return item if item.name in alive else None
         if isinstance(item, _Lit):
@@ -202,7 +204,7 @@ def _prune(rules: dict[str, tuple]) -> dict[str, tuple]:
         kept = tuple(a for a in (seq(alt, alive) for alt in item) if a is not None)
         return kept or None
 
-    def seq(alt: tuple, alive: dict[str, tuple]) -> tuple | None:
+    def seq(alt: tuple[_Expr, ...], alive: dict[str, _Alts]) -> tuple[_Expr, ...] | None:
         out = []
         for item in alt:
             found = live(item, alive)
@@ -223,7 +225,7 @@ def _prune(rules: dict[str, tuple]) -> dict[str, tuple]:
         rules = pruned
 
 
-def _lark(rules: dict[str, tuple], order: list[str], start: str) -> str:
+def _lark(rules: dict[str, _Alts], order: list[str], start: str) -> str:
     names: dict[str, str] = {}
     for k, name in enumerate(order):
         if name in rules:
@@ -239,7 +241,7 @@ def _lark(rules: dict[str, tuple], order: list[str], start: str) -> str:
             return expr(item.item) + item.op
         return "(" + " | ".join(alt(a) for a in item) + ")"
 
-    def alt(items: tuple) -> str:
+    def alt(items: tuple[_Expr, ...]) -> str:
         return " ".join(expr(x) for x in items) if items else '""'
 
     lines = [f"start: {names[start]}"]
