@@ -21,6 +21,25 @@ draw whatever the other slots do, so the n samples are independent draws of the 
 which Q each attempt sees depends on how many run at once (``generate``'s ``parallel``),
 which can change the samples, never their distribution.
 
+What happens between rounds is free as long as it depends on earlier rounds only, never on
+an attempt of the round it shapes: given everything before an attempt, it accepts s with
+probability P(s)·c(s) / Q[ε] whatever that Q is, so its slot's first accepted attempt is
+an exact draw. Two uses of that freedom cut the attempts wasted on a coarse Q:
+
+- *Known expansions are opened* before a round: the root before the first one (its
+  expansion is the call every first attempt waits for anyway, and an attempt that proposes
+  from P at an unopened root rejects with the mass of every invalid first token), and below
+  each prefix a round opens, the prefixes whose expansions came without an attempt asking
+  (the rest of a fed chain, or an expansion another Q table holds).
+- *A schedule* says how many attempts a round runs (:data:`SCHEDULES`); the slots in flight
+  take them lowest index first, the others wait at the barrier for a later round. The
+  default, ``useful``, runs twice as many attempts as the last round had useful ones, an
+  attempt being useful when it was accepted or saw a prefix unopened that no earlier attempt
+  of its round saw (a rejection that teaches Q nothing new is the waste of running in
+  parallel): early rounds, where Q is coarse, stay small, and once attempts are accepted the
+  rounds are as wide as the slots in flight. The number is a function of earlier rounds, so
+  every schedule is exact (the chi-square tests run each one).
+
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree.
 """
@@ -29,6 +48,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Generator
 
 import numpy as np
 
@@ -58,47 +78,162 @@ class Exact(Method):
     independent = False  # Q is shared
     parallel = True  # rounds keep every attempt on one Q: exact with any number in flight
     eager_chains = False  # a rejected attempt need not have fed the chain it left
+    #: How many attempts a round runs (:data:`SCHEDULES`; module docstring).
+    schedule = "useful"
+    #: Whether a slot may run several attempts in a round when there are more attempts
+    #: than slots (n = 1, or a request's last samples), keeping the first accepted.
+    several = True
+    #: Whether known expansions are opened before a round (the root before the first).
+    open_known = True
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
         super().__init__(tree, greedy)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
+                             f"{', '.join(SCHEDULES)}")
         self.Q = QTable(self.tree)
         self._best: Node | None = None
         self._deferred: list[Node] = []  # prefixes this round's attempts saw unopened
+        self._width = 1  # attempts this round may start
+        self._tickets = self._width  # of which not yet started
+        self._ended = self._accepted = 0  # attempts of this round
+        self._useful = 0  # of which accepted, or rejected having seen a prefix no earlier one saw
+        self._seen_round: set[int] = set()  # prefixes this round's attempts saw unopened
+        self._asking = 0  # walks of this round that will ask for attempts in the next
+        self._share = 1  # attempts a slot may take in this round
 
     def release(self) -> None:
-        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update)."""
+        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update) and
+        the prefixes below them whose expansions are already known, then size the next
+        round from this one's outcome."""
         for x in self._deferred:
             self.Q.open(x)
+            if self.open_known:
+                self._open_known(x)
         self._deferred.clear()
+        if self._ended:
+            if self.schedule == "double":
+                self._width *= 2
+            elif self.schedule == "grow":
+                self._width += self._accepted
+            elif self.schedule == "useful":
+                self._width = 2 * self._useful
+        if self.schedule == "useful":  # never fewer than half the slots waiting
+            self._width = max(self._width, (self._asking + 1) // 2, 1)
+        self._width = min(self._width, MAX_WIDTH)
+        self._tickets = self._width
+        # Several attempts for one slot only when every slot of the next round is waiting
+        # now: after a round that accepted, new slots may start and take their own.
+        waiting = self._asking if not self._accepted else 0
+        self._share = -(-self._width // waiting) if self.several and waiting else 1
+        self._ended = self._accepted = self._useful = self._asking = 0
+        self._seen_round.clear()
+
+    def _open_known(self, node: Node) -> None:
+        """Open the prefixes below ``node`` whose expansions came without an attempt asking:
+        a fed chain's (eager_chains is off, so an attempt that stepped into the chain got
+        all of it in one call), or one another Q table already holds (a reused tree); both
+        cost no bytes the bound does not already count, or a forced token's few."""
+        stack = [c for c in node.children.values()]
+        while stack:
+            child = stack.pop()
+            if (child.expansion is None or self.Q.is_open(child)
+                    or not (child.in_chain or child.opened)):
+                continue
+            self.Q.open(child)
+            stack.extend(child.children.values())
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
             return (yield from self._most_probable(seen))
+        return (yield from self._sample(seen, rng))
+
+    def _sample(self, seen: set[int], rng: np.random.Generator) -> Walk:
         root = self.tree.root
+        if self.open_known and not self.Q.is_open(root):
+            # The first round's attempts would all propose from P at the root: open it first
+            # (its expansion is the call they would wait for anyway).
+            yield from self.expand(root)
+            self._deferred.append(root)
+            self._asking += 1
+            yield BARRIER
         while True:
             if self.Q.dead(root):
                 raise self.empty_language()
-            node, unopened = root, []
-            while not node.complete:
-                self.used(seen, node)
-                if self.Q.is_open(node):
-                    i = draw(self.Q.weights(node), rng)  # u ~ P_Q(· | x), formula 3
-                    token = self.Q.token(node, i)
-                else:
-                    exp = yield from self.expand(node)
-                    unopened.append(node)
-                    token = self._propose(exp, rng)  # u ~ P(· | x): Q = 1 below x
-                    if token < 0:
-                        break  # an invalid token: rejected
-                node = self.tree.child(node, token)
-            for x in unopened:
-                yield from self.expand(x)  # (in case the cache dropped it meanwhile)
-            self._deferred.extend(unopened)  # parents first: Q stays consistent
+            k = self._take()
+            while not k:
+                self._asking += 1
+                yield BARRIER  # not this round's: wait for a later one, Q unchanged
+                k = self._take()
+            ended = yield from self._attempts(k, seen, rng)
+            kept = next((node for node in ended if node.complete), None)
+            self.restarts += k - (kept is not None)  # rejected, or accepted after the kept one
+            if kept is None:
+                self._asking += 1
             yield BARRIER  # every attempt in flight ends before Q changes (``release``)
-            if node.complete:
-                return node
-            self.restarts += 1
+            if kept is not None:
+                return kept
+
+    def _take(self) -> int:
+        """How many attempts this slot makes in this round (0: none, it waits)."""
+        if self.schedule == "fixed":
+            return 1
+        k = min(self._share, self._tickets)
+        self._tickets -= k
+        return k
+
+    def _attempts(self, k: int, seen: set[int], rng: np.random.Generator
+                  ) -> Generator[object, None, list[Node]]:
+        """``k`` attempts on this round's Q, their model calls shared; the nodes where
+        they ended, in attempt order (the slot keeps the first complete one: given Q the
+        attempts are independent draws, so the first accepted is a draw of the target)."""
+        runs = [self._attempt(seen, rng) for _ in range(k)]
+        ended: list[Node | None] = [None] * k
+        waits: dict[int, object] = {}
+
+        def step(i: int) -> None:
+            try:
+                waits[i] = next(runs[i])
+            except StopIteration as stop:
+                ended[i] = stop.value
+                waits.pop(i, None)
+
+        for i in range(k):
+            step(i)
+        while waits:
+            asked = tuple(waits.values())
+            yield asked[0] if len(asked) == 1 else asked
+            for i in list(waits):
+                step(i)
+        return [node for node in ended if node is not None]
+
+    def _attempt(self, seen: set[int], rng: np.random.Generator
+                 ) -> Generator[Node, None, Node]:
+        """One attempt from the root on this round's Q: the node where it ended (complete:
+        accepted). The prefixes it saw unopened are opened at the round's end."""
+        node, unopened = self.tree.root, []
+        while not node.complete:
+            self.used(seen, node)
+            if self.Q.is_open(node):
+                i = draw(self.Q.weights(node), rng)  # u ~ P_Q(· | x), formula 3
+                token = self.Q.token(node, i)
+            else:
+                exp = yield from self.expand(node)
+                unopened.append(node)
+                token = self._propose(exp, rng)  # u ~ P(· | x): Q = 1 below x
+                if token < 0:
+                    break  # an invalid token: rejected
+            node = self.tree.child(node, token)
+        for x in unopened:
+            yield from self.expand(x)  # (in case the cache dropped it meanwhile)
+        self._deferred.extend(unopened)  # parents first: Q stays consistent
+        self._ended += 1
+        self._accepted += node.complete
+        fresh = {id(x) for x in unopened} - self._seen_round
+        self._useful += node.complete or bool(fresh)
+        self._seen_round |= fresh
+        return node
 
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
         """u ~ P(· | x) over the whole vocabulary; -1 stands for any invalid token."""
@@ -174,6 +309,12 @@ class Exact(Method):
         """``node``'s k-th most probable valid child."""
         return self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
 
+
+#: Round schedules: ``fixed``, every slot in flight makes an attempt each round; ``double``,
+#: 1, 2, 4, ... attempts; ``grow``, one at first, then as many more as the last round accepted.
+SCHEDULES = ("fixed", "double", "grow", "useful")
+#: No round runs more attempts than this (the engine's width bounds it too).
+MAX_WIDTH = 1024
 
 #: Prefixes the greedy search expands along with the one it needs (a sequential search's
 #: model calls would otherwise serve one row each).
