@@ -1,30 +1,34 @@
 """``exact``'s rounds on the default model (transformers, CPU): today's schedule against the
 ones that waste fewer attempts (docs/design.md §3, shared Q in parallel).
 
-Variants (``Exact.schedule`` and ``Exact.open_known``, set on the class for the run):
+Variants (``Exact.schedule``, ``Exact.open_known`` and ``Exact.several``, set on the class
+for the run):
 
 - ``fixed``: every sample slot in flight (up to 32) makes an attempt each round, and only
   the prefixes the attempts saw are opened (the behaviour before the schedules);
 - ``fixed+open``: the same rounds, with known expansions opened before each (the root
   before the first attempt, the rest of a fed chain);
-- ``double``: rounds of 1, 2, 4, ... attempts, with known expansions opened;
-- ``grow`` (the default): one attempt at first, then as many more as the last round
-  accepted, with known expansions opened.
+- ``useful-1``: the default schedule (``useful``: twice the last round's useful attempts,
+  at least half the slots waiting; sampling/exact.py), with known expansions opened, one
+  attempt per slot and round;
+- ``useful`` (the default): the same, a slot running several attempts at once when a round
+  has more attempts than slots waiting (n = 1, a request's last samples).
 
 Workloads: the binary DSL problem (``binary.jsonl``'s first, the paper's binary study),
 one or more SLIA problems (``--slia``, short prompts first), both as the DSL study runs them
 (``end="eos"``, no fallback), and the everyday requests of ``benchmarks/everyday.py``
 (without MaskBench). The variants run one after another on each workload, alternating
-(A B C D D C B A …) over ``--repeat`` runs with the same seed; every run starts on a fresh
-tree, after one untimed ``cd`` sample (the prompt's KV state and the constraint's first
-masks). Columns per variant: attempts per sample
-(1 + rejections / n), model calls (prefixes evaluated), forward passes, CPU time and wall
-time, each time as the median over the runs and as a ratio to ``fixed``'s. CPU time is the
-process's (run with ``OMP_NUM_THREADS=1``): on a shared, loaded machine it is the work done.
+(A B C C B A …) with seeds 0, 1, … (``--repeat`` of them, the same for every variant);
+every run starts on a fresh tree, after one untimed ``cd`` sample (the prompt's KV state
+and the constraint's first masks). Columns per variant: attempts per sample (1 +
+rejections / n), model calls (prefixes evaluated), forward passes, CPU time and wall time,
+each the mean over the seeds, times also as a ratio to the first variant's; the everyday
+table ends with ``cd``'s CPU time on the same seeds. CPU time is the process's (run with
+``OMP_NUM_THREADS=1``): on a shared, loaded machine it is the work done.
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/rounds.py [--quick] [--repeat 2]
       [--workloads binary,slia,everyday] [--binary-n 500] [--slia-n 10] [--slia 1]
-      [--everyday-n 1,5] [--variants fixed,fixed+open,double,grow]
+      [--everyday-n 1,5] [--variants fixed,fixed+open,useful-1,useful]
 """
 
 from __future__ import annotations
@@ -50,8 +54,6 @@ DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
 VARIANTS = {  # label: (schedule, open_known, several)
     "fixed": ("fixed", False, False),
     "fixed+open": ("fixed", True, False),
-    "double": ("double", True, True),
-    "grow": ("grow", True, True),
     "useful-1": ("useful", True, False),
     "useful": ("useful", True, True),
 }

@@ -496,8 +496,9 @@ def generate(
     samples share Q run several walks over that one Q where ``parallel`` says so: ``True``
     for ``PARALLEL_WALKS`` (32) walks, an int for that many, ``False`` (or 1) for one at a
     time, ``None`` for the method's default: parallel for ``exact`` (in rounds that keep it
-    exact), one at a time for ``asap`` and ``adaptrack`` with ``share_q`` (in parallel they
-    are further from the target; README). A seed gives the same samples whatever
+    exact, of at most that many attempts; docs/design.md §3), one at a time for ``asap``
+    and ``adaptrack`` with ``share_q`` (in parallel they are further from the target;
+    README). A seed gives the same samples whatever
     ``batch_size``, ``max_batch_tokens``, ``max_cache_bytes`` and the other prompts of the
     call, for every method (exactly with an exact model such as ``TableLM``; a float
     backend's batch composition changes rounding by about 1e-6, which can flip a draw that

@@ -24,21 +24,31 @@ which can change the samples, never their distribution.
 What happens between rounds is free as long as it depends on earlier rounds only, never on
 an attempt of the round it shapes: given everything before an attempt, it accepts s with
 probability P(s)·c(s) / Q[ε] whatever that Q is, so its slot's first accepted attempt is
-an exact draw. Two uses of that freedom cut the attempts wasted on a coarse Q:
+an exact draw (and the slots stay independent: each factor is the target's, whatever the
+others drew). Three uses of that freedom cut the attempts wasted on a coarse Q, or the
+rounds spent:
 
 - *Known expansions are opened* before a round: the root before the first one (its
   expansion is the call every first attempt waits for anyway, and an attempt that proposes
   from P at an unopened root rejects with the mass of every invalid first token), and below
   each prefix a round opens, the prefixes whose expansions came without an attempt asking
   (the rest of a fed chain, or an expansion another Q table holds).
-- *A schedule* says how many attempts a round runs (:data:`SCHEDULES`); the slots in flight
-  take them lowest index first, the others wait at the barrier for a later round. The
-  default, ``useful``, runs twice as many attempts as the last round had useful ones, an
-  attempt being useful when it was accepted or saw a prefix unopened that no earlier attempt
-  of its round saw (a rejection that teaches Q nothing new is the waste of running in
-  parallel): early rounds, where Q is coarse, stay small, and once attempts are accepted the
-  rounds are as wide as the slots in flight. The number is a function of earlier rounds, so
-  every schedule is exact (the chi-square tests run each one).
+- *A schedule* says how many attempts a round runs (:data:`SCHEDULES`), at most the walks
+  in flight (``parallel``); the slots take them lowest index first, the others wait at the
+  barrier for a later round. The default, ``useful``, runs twice as many as the last round
+  had useful attempts, and at least half the slots waiting; an attempt is useful when it
+  was accepted or saw unopened a prefix that no earlier attempt of its round saw (a
+  rejection that teaches Q nothing new is the waste of running in parallel). So while Q is
+  coarse half the slots wait, and once attempts are accepted a round is as wide as before.
+- *Several attempts for one slot*: when a round has more attempts than slots waiting (one
+  sample, or a request's last ones) a slot runs its share at once, their model calls in one
+  batch, and keeps the first accepted in attempt order (given Q the attempts are
+  independent draws, so the first accepted is a draw of the target; the others count as
+  rejections). A request run one walk at a time (``parallel=False``) keeps one attempt at
+  a time.
+
+Each number is a function of earlier rounds, so every schedule is exact; the chi-square
+tests run each one (tests/test_distribution.py, tests/test_engine.py).
 
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree.
@@ -113,20 +123,17 @@ class Exact(Method):
                 self._open_known(x)
         self._deferred.clear()
         if self._ended:
-            if self.schedule == "double":
-                self._width *= 2
-            elif self.schedule == "grow":
-                self._width += self._accepted
-            elif self.schedule == "useful":
+            if self.schedule == "useful":
                 self._width = 2 * self._useful
         if self.schedule == "useful":  # never fewer than half the slots waiting
             self._width = max(self._width, (self._asking + 1) // 2, 1)
-        self._width = min(self._width, MAX_WIDTH)
+        self._width = min(self._width, self.width)  # ``parallel``: attempts in flight
         self._tickets = self._width
         # Several attempts for one slot only when every slot of the next round is waiting
         # now: after a round that accepted, new slots may start and take their own.
         waiting = self._asking if not self._accepted else 0
-        self._share = -(-self._width // waiting) if self.several and waiting else 1
+        several = self.several and self.width > 1  # one walk at a time: one attempt too
+        self._share = -(-self._width // waiting) if several and waiting else 1
         self._ended = self._accepted = self._useful = self._asking = 0
         self._seen_round.clear()
 
@@ -310,11 +317,10 @@ class Exact(Method):
         return self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
 
 
-#: Round schedules: ``fixed``, every slot in flight makes an attempt each round; ``double``,
-#: 1, 2, 4, ... attempts; ``grow``, one at first, then as many more as the last round accepted.
-SCHEDULES = ("fixed", "double", "grow", "useful")
-#: No round runs more attempts than this (the engine's width bounds it too).
-MAX_WIDTH = 1024
+#: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
+#: ``open_known`` off, the rounds as they were before the schedules: the baseline of
+#: benchmarks/rounds.py); ``useful`` (the default), the module docstring's.
+SCHEDULES = ("fixed", "useful")
 
 #: Prefixes the greedy search expands along with the one it needs (a sequential search's
 #: model calls would otherwise serve one row each).
