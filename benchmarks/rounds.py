@@ -1,15 +1,14 @@
 """``exact``'s rounds on the default model (transformers, CPU): today's schedule against the
 ones that waste fewer attempts (docs/design.md §3, shared Q in parallel).
 
-Variants (``Exact.schedule``, ``Exact.open_known`` and ``Exact.several``, set on the class
+Variants (``Exact.schedule``, ``Exact.open_root`` and ``Exact.several``, set on the class
 for the run):
 
 - ``fixed``: every sample slot in flight (up to 32) makes an attempt each round, and only
   the prefixes the attempts saw are opened (the behaviour before the schedules);
-- ``fixed+open``: the same rounds, with known expansions opened before each (the root
-  before the first attempt, the rest of a fed chain);
+- ``fixed+open``: the same rounds, with the root opened before the first attempt;
 - ``useful-1``: the default schedule (``useful``: twice the last round's useful attempts,
-  at least half the slots waiting; sampling/exact.py), with known expansions opened, one
+  at least half the slots waiting; sampling/exact.py), with the root opened first, one
   attempt per slot and round;
 - ``useful`` (the default): the same, a slot running several attempts at once when a round
   has more attempts than slots waiting (n = 1, a request's last samples).
@@ -28,7 +27,7 @@ table ends with ``cd``'s CPU time on the same seeds. CPU time is the process's (
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/rounds.py [--quick] [--repeat 2]
       [--workloads binary,slia,everyday] [--binary-n 500] [--slia-n 10] [--slia 1]
-      [--everyday-n 1,5] [--variants fixed,fixed+open,useful-1,useful]
+      [--everyday-n 1,5] [--everyday-repeat R] [--variants fixed,fixed+open,useful-1,useful]
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ from adaptrack.eval.dsl import PAPER_OPTIONS, problems, prompt_ids
 from adaptrack.sampling.exact import Exact
 
 DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
-VARIANTS = {  # label: (schedule, open_known, several)
+VARIANTS = {  # label: (schedule, open_root, several)
     "fixed": ("fixed", False, False),
     "fixed+open": ("fixed", True, False),
     "useful-1": ("useful", True, False),
@@ -66,12 +65,12 @@ def log(msg: str) -> None:
 @contextlib.contextmanager
 def variant(label: str) -> Iterator[None]:
     """``Exact`` runs the ``label`` variant inside the block."""
-    saved = Exact.schedule, Exact.open_known, Exact.several
-    Exact.schedule, Exact.open_known, Exact.several = VARIANTS[label]
+    saved = Exact.schedule, Exact.open_root, Exact.several
+    Exact.schedule, Exact.open_root, Exact.several = VARIANTS[label]
     try:
         yield
     finally:
-        Exact.schedule, Exact.open_known, Exact.several = saved
+        Exact.schedule, Exact.open_root, Exact.several = saved
 
 
 def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
@@ -157,6 +156,8 @@ def main() -> None:
     parser.add_argument("--slia-n", type=int, default=10)
     parser.add_argument("--slia", type=int, default=1, help="SLIA problems, shortest first")
     parser.add_argument("--everyday-n", default="1,5")
+    parser.add_argument("--everyday-repeat", type=int, default=None,
+                        help="seeds for the everyday requests (default: --repeat)")
     args = parser.parse_args()
     labels = [m for m in args.variants.split(",") if m]
     bad = [m for m in labels if m not in VARIANTS]
@@ -208,9 +209,10 @@ def main() -> None:
                 prompt = (chat([{"role": "user", "content": req.prompt}]) if req.chat
                           else req.prompt)
                 options = {"max_new_tokens": req.max_new_tokens, "max_seconds": 120.0}
+                repeat = args.everyday_repeat or args.repeat
                 got = measure(lm, req.name, prompt, req.constraint("default"), n, options,
-                              labels, args.repeat)
-                cd = cd_cpu(lm, prompt, req.constraint("default"), n, options, args.repeat)
+                              labels, repeat)
+                cd = cd_cpu(lm, prompt, req.constraint("default"), n, options, repeat)
                 for m in labels:
                     if "cpu" in got[m] and "cpu" in got[labels[0]]:
                         ratios[m].append(got[m]["cpu"] / got[labels[0]]["cpu"])

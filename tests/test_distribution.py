@@ -62,14 +62,14 @@ def paper(problem):
 @contextlib.contextmanager
 def exact_schedule(schedule: str | None) -> Iterator[None]:
     """``exact`` runs its rounds by ``schedule`` (None: the default) inside the block, with
-    known expansions opened except under ``fixed`` (the rounds before the schedules)."""
-    saved = Exact.schedule, Exact.open_known
+    the root opened first except under ``fixed`` (the rounds before the schedules)."""
+    saved = Exact.schedule, Exact.open_root
     if schedule is not None:
-        Exact.schedule, Exact.open_known = schedule, schedule != "fixed"
+        Exact.schedule, Exact.open_root = schedule, schedule != "fixed"
     try:
         yield
     finally:
-        Exact.schedule, Exact.open_known = saved
+        Exact.schedule, Exact.open_root = saved
 
 
 @pytest.mark.parametrize(("method", "options"), [

@@ -279,14 +279,14 @@ def test_shared_q_methods_in_parallel_stay_closer_than_cd(problem: str) -> None:
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_exact_rounds_follow_their_schedule(schedule: str) -> None:
     """A round runs at most the attempts its schedule allows, computed from earlier rounds
-    only; with known expansions opened the root is open before any attempt."""
+    only; the root is open before any attempt unless ``fixed`` (the rounds before)."""
     lm, bits, max_new = binary()
     tree = PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new, end="eos")
 
     class Scheduled(Exact):
         pass
 
-    Scheduled.schedule, Scheduled.open_known = schedule, schedule != "fixed"
+    Scheduled.schedule, Scheduled.open_root = schedule, schedule != "fixed"
     method = Scheduled(tree, greedy=False)
     # (attempts, allowed, useful, slots waiting, root open)
     rounds: list[tuple[int, int, int, int, bool]] = []
@@ -325,7 +325,7 @@ def test_exact_schedule_wastes_fewer_attempts_than_fixed_rounds() -> None:
         class Scheduled(Exact):
             pass
 
-        Scheduled.schedule, Scheduled.open_known = schedule, schedule != "fixed"
+        Scheduled.schedule, Scheduled.open_root = schedule, schedule != "fixed"
         total = 0
         for seed in range(3):
             tree = PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new, end="eos")

@@ -28,11 +28,11 @@ an exact draw (and the slots stay independent: each factor is the target's, what
 others drew). Three uses of that freedom cut the attempts wasted on a coarse Q, or the
 rounds spent:
 
-- *Known expansions are opened* before a round: the root before the first one (its
-  expansion is the call every first attempt waits for anyway, and an attempt that proposes
-  from P at an unopened root rejects with the mass of every invalid first token), and below
-  each prefix a round opens, the prefixes whose expansions came without an attempt asking
-  (the rest of a fed chain, or an expansion another Q table holds).
+- *The root is opened* before the first round: its expansion is the call every first
+  attempt waits for anyway, and an attempt that proposes from P at an unopened root
+  rejects with the mass of every invalid first token. (Other expansions known before an
+  attempt asks, a fed chain's rest, are left unopened: opening them would make a prefilled
+  chain change the samples, which docs/design.md §2 promises it does not.)
 - *A schedule* says how many attempts a round runs (:data:`SCHEDULES`), at most the walks
   in flight (``parallel``); the slots take them lowest index first, the others wait at the
   barrier for a later round. The default, ``useful``, runs twice as many as the last round
@@ -93,8 +93,8 @@ class Exact(Method):
     #: Whether a slot may run several attempts in a round when there are more attempts
     #: than slots (n = 1, or a request's last samples), keeping the first accepted.
     several = True
-    #: Whether known expansions are opened before a round (the root before the first).
-    open_known = True
+    #: Whether the root is opened before the first attempt.
+    open_root = True
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
@@ -114,13 +114,10 @@ class Exact(Method):
         self._share = 1  # attempts a slot may take in this round
 
     def release(self) -> None:
-        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update) and
-        the prefixes below them whose expansions are already known, then size the next
-        round from this one's outcome."""
+        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update), then
+        size the next round from this one's outcome."""
         for x in self._deferred:
             self.Q.open(x)
-            if self.open_known:
-                self._open_known(x)
         self._deferred.clear()
         if self._ended:
             if self.schedule == "useful":
@@ -137,20 +134,6 @@ class Exact(Method):
         self._ended = self._accepted = self._useful = self._asking = 0
         self._seen_round.clear()
 
-    def _open_known(self, node: Node) -> None:
-        """Open the prefixes below ``node`` whose expansions came without an attempt asking:
-        a fed chain's (eager_chains is off, so an attempt that stepped into the chain got
-        all of it in one call), or one another Q table already holds (a reused tree); both
-        cost no bytes the bound does not already count, or a forced token's few."""
-        stack = [c for c in node.children.values()]
-        while stack:
-            child = stack.pop()
-            if (child.expansion is None or self.Q.is_open(child)
-                    or not (child.in_chain or child.opened)):
-                continue
-            self.Q.open(child)
-            stack.extend(child.children.values())
-
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
             return (yield from self._most_probable(seen))
@@ -158,7 +141,7 @@ class Exact(Method):
 
     def _sample(self, seen: set[int], rng: np.random.Generator) -> Walk:
         root = self.tree.root
-        if self.open_known and not self.Q.is_open(root):
+        if self.open_root and not self.Q.is_open(root):
             # The first round's attempts would all propose from P at the root: open it first
             # (its expansion is the call they would wait for anyway).
             yield from self.expand(root)
@@ -318,7 +301,7 @@ class Exact(Method):
 
 
 #: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
-#: ``open_known`` off, the rounds as they were before the schedules: the baseline of
+#: ``open_root`` off, the rounds as they were before the schedules: the baseline of
 #: benchmarks/rounds.py); ``useful`` (the default), the module docstring's.
 SCHEDULES = ("fixed", "useful")
 
