@@ -293,7 +293,7 @@ def test_exact_rounds_follow_their_schedule(schedule: str) -> None:
     release = method.release
 
     def recorded() -> None:
-        rounds.append((method._ended, method._width, method._useful, method._asking,
+        rounds.append((method._ended, method._width, method._count_useful(), method._asking,
                        method.Q.is_open(tree.root)))
         release()
 

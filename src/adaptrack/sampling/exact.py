@@ -104,24 +104,26 @@ class Exact(Method):
                              f"{', '.join(SCHEDULES)}")
         self.Q = QTable(self.tree)
         self._best: Node | None = None
-        self._deferred: list[Node] = []  # prefixes this round's attempts saw unopened
+        self._deferred: list[Node] = []  # the root, opened before the first round
         self._width = 1  # attempts this round may start
         self._tickets = self._width  # of which not yet started
         self._ended = self._accepted = 0  # attempts of this round
-        self._useful = 0  # of which accepted, or rejected having seen a prefix no earlier one saw
-        self._seen_round: set[int] = set()  # prefixes this round's attempts saw unopened
+        # This round's attempts as (order started, accepted, prefixes seen unopened).
+        self._outcomes: list[tuple[int, bool, list[Node]]] = []
         self._asking = 0  # walks of this round that will ask for attempts in the next
+        self._started = 0  # attempts started so far (their order)
         self._share = 1  # attempts a slot may take in this round
 
     def release(self) -> None:
         """The end of a round: open what its attempts saw (formula 2, §7.2.1 update), then
         size the next round from this one's outcome."""
-        for x in self._deferred:
-            self.Q.open(x)
+        self._outcomes.sort(key=lambda o: o[0])  # the order started: the same whatever the cache
+        for x in self._deferred + [x for *_, nodes in self._outcomes for x in nodes]:
+            self.Q.open(x)  # parents first: Q stays consistent
         self._deferred.clear()
         if self._ended:
             if self.schedule == "useful":
-                self._width = 2 * self._useful
+                self._width = 2 * self._count_useful()
         if self.schedule == "useful":  # never fewer than half the slots waiting
             self._width = max(self._width, (self._asking + 1) // 2, 1)
         self._width = min(self._width, self.width)  # ``parallel``: attempts in flight
@@ -131,8 +133,8 @@ class Exact(Method):
         waiting = self._asking if not self._accepted else 0
         several = self.several and self.width > 1  # one walk at a time: one attempt too
         self._share = -(-self._width // waiting) if several and waiting else 1
-        self._ended = self._accepted = self._useful = self._asking = 0
-        self._seen_round.clear()
+        self._ended = self._accepted = self._asking = 0
+        self._outcomes.clear()
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
@@ -156,7 +158,9 @@ class Exact(Method):
                 self._asking += 1
                 yield BARRIER  # not this round's: wait for a later one, Q unchanged
                 k = self._take()
-            ended = yield from self._attempts(k, seen, rng)
+            first = self._started
+            self._started += k
+            ended = yield from self._attempts(k, first, seen, rng)
             kept = next((node for node in ended if node.complete), None)
             self.restarts += k - (kept is not None)  # rejected, or accepted after the kept one
             if kept is None:
@@ -173,12 +177,28 @@ class Exact(Method):
         self._tickets -= k
         return k
 
-    def _attempts(self, k: int, seen: set[int], rng: np.random.Generator
+    def _count_useful(self) -> int:
+        """This round's useful attempts: accepted, or the first in the order started to see
+        some prefix unopened (in that order, not the order they ended, which depends on
+        which expansions the cache held)."""
+        seen: set[int] = set()
+        useful = 0
+        for _, accepted, nodes in sorted(self._outcomes, key=lambda o: o[0]):
+            fresh = {id(x) for x in nodes} - seen
+            useful += accepted or bool(fresh)
+            seen |= fresh
+        return useful
+
+    def _attempts(self, k: int, first: int, seen: set[int], rng: np.random.Generator
                   ) -> Generator[object, None, list[Node]]:
         """``k`` attempts on this round's Q, their model calls shared; the nodes where
         they ended, in attempt order (the slot keeps the first complete one: given Q the
         attempts are independent draws, so the first accepted is a draw of the target)."""
-        runs = [self._attempt(seen, rng) for _ in range(k)]
+        # Each attempt its own stream, drawn in attempt order: how the attempts interleave
+        # (which prefixes the cache or a prefilled chain already holds) changes no sample.
+        rngs = [rng] if k == 1 else [np.random.default_rng(int(s))
+                                     for s in rng.integers(0, 2**63, size=k)]
+        runs = [self._attempt(first + j, seen, r) for j, r in enumerate(rngs)]
         ended: list[Node | None] = [None] * k
         waits: dict[int, object] = {}
 
@@ -198,7 +218,7 @@ class Exact(Method):
                 step(i)
         return [node for node in ended if node is not None]
 
-    def _attempt(self, seen: set[int], rng: np.random.Generator
+    def _attempt(self, order: int, seen: set[int], rng: np.random.Generator
                  ) -> Generator[Node, None, Node]:
         """One attempt from the root on this round's Q: the node where it ended (complete:
         accepted). The prefixes it saw unopened are opened at the round's end."""
@@ -217,12 +237,9 @@ class Exact(Method):
             node = self.tree.child(node, token)
         for x in unopened:
             yield from self.expand(x)  # (in case the cache dropped it meanwhile)
-        self._deferred.extend(unopened)  # parents first: Q stays consistent
         self._ended += 1
         self._accepted += node.complete
-        fresh = {id(x) for x in unopened} - self._seen_round
-        self._useful += node.complete or bool(fresh)
-        self._seen_round |= fresh
+        self._outcomes.append((order, node.complete, unopened))
         return node
 
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
