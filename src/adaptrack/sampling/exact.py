@@ -37,15 +37,16 @@ rounds spent:
   in flight (``parallel``); the slots take them lowest index first, the others wait at the
   barrier for a later round. The default, ``useful``, runs twice as many as the last round
   had useful attempts, and at least half the slots waiting; an attempt is useful when it
-  was accepted or saw unopened a prefix that no earlier attempt of its round saw (a
-  rejection that teaches Q nothing new is the waste of running in parallel). So while Q is
-  coarse half the slots wait, and once attempts are accepted a round is as wide as before.
+  was accepted or saw unopened a prefix that no attempt started before it in its round saw
+  (a rejection that teaches Q nothing new is the waste of running in parallel). So while
+  Q is coarse half the slots wait, and once attempts are accepted a round is as wide as
+  before.
 - *Several attempts for one slot*: when a round has more attempts than slots waiting (one
-  sample, or a request's last ones) a slot runs its share at once, their model calls in one
-  batch, and keeps the first accepted in attempt order (given Q the attempts are
-  independent draws, so the first accepted is a draw of the target; the others count as
-  rejections). A request run one walk at a time (``parallel=False``) keeps one attempt at
-  a time.
+  sample, or a request's last ones) a slot runs its share at once, each on its own random
+  stream, their model calls in one batch, and keeps the first accepted in attempt order
+  (given Q the attempts are independent draws, so the first accepted is a draw of the
+  target; the others count as rejections). A request run one walk at a time
+  (``parallel=False``) keeps one attempt at a time.
 
 Each number is a function of earlier rounds, so every schedule is exact; the chi-square
 tests run each one (tests/test_distribution.py, tests/test_engine.py).
