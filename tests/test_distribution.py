@@ -6,13 +6,16 @@ Every run uses a fixed seed; thresholds follow from the sample size: chi-square 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from stats import chi_square_p, counts
 
 import adaptrack as at
+from adaptrack.sampling.exact import SCHEDULES, Exact
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
 N = 20_000
@@ -34,11 +37,12 @@ def problem(request):
     target = at.exact_distribution(lm, [], constraint, max_new_tokens=max_new, end=end)
     runs = {}
 
-    def run(method: str, **options) -> dict:
-        key = (method, tuple(sorted(options.items())))
+    def run(method: str, schedule: str | None = None, **options) -> dict:
+        key = (method, schedule, tuple(sorted(options.items())))
         if key not in runs:
-            res = at.generate(lm, [], constraint, method=method, n=N, seed=7,
-                              max_new_tokens=max_new, end=end, **options)
+            with exact_schedule(schedule):
+                res = at.generate(lm, [], constraint, method=method, n=N, seed=7,
+                                  max_new_tokens=max_new, end=end, **options)
             # Only CD may stop incomplete, at a dead end (design.md §2).
             assert all(s.valid == s.complete for s in res.samples)
             assert method == "cd" or all(s.complete for s in res.samples)
@@ -55,7 +59,22 @@ def paper(problem):
     return problem
 
 
-@pytest.mark.parametrize(("method", "options"), [("exact", {}), ("adaptrack", {"share_q": True})])
+@contextlib.contextmanager
+def exact_schedule(schedule: str | None) -> Iterator[None]:
+    """``exact`` runs its rounds by ``schedule`` (None: the default) inside the block, with
+    the root opened first except under ``fixed`` (the rounds before the schedules)."""
+    saved = Exact.schedule, Exact.open_root
+    if schedule is not None:
+        Exact.schedule, Exact.open_root = schedule, schedule != "fixed"
+    try:
+        yield
+    finally:
+        Exact.schedule, Exact.open_root = saved
+
+
+@pytest.mark.parametrize(("method", "options"), [
+    ("exact", {}), *[("exact", {"schedule": s}) for s in SCHEDULES if s != Exact.schedule],
+    ("adaptrack", {"share_q": True})])
 def test_exact_methods_fit_the_target(problem, method, options):
     name, target, run = problem
     p = chi_square_p(run(method, **options), target)

@@ -5,6 +5,8 @@ Statistical checks use fixed seeds and chi-square p-values (p > 0.001 consistent
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from stats import chi_square_p, counts
 
@@ -13,7 +15,7 @@ from adaptrack.constraints import choice
 from adaptrack.generate import generate_each
 from adaptrack.sampling import PrefixTree
 from adaptrack.sampling.engine import Engine
-from adaptrack.sampling.exact import Exact
+from adaptrack.sampling.exact import SCHEDULES, Exact
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
 N = 3000
@@ -272,3 +274,92 @@ def test_shared_q_methods_in_parallel_stay_closer_than_cd(problem: str) -> None:
         res = at.generate(lm, [], constraint, method=method, parallel=16, **kw, **options)
         assert all(s.valid for s in res.samples)
         assert at.metrics.kl_divergence(counts(res), target) < cd, (method, problem)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_exact_rounds_follow_their_schedule(schedule: str) -> None:
+    """A round runs at most the attempts its schedule allows, computed from earlier rounds
+    only; the root is open before any attempt unless ``fixed`` (the rounds before)."""
+    lm, bits, max_new = binary()
+    tree = PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new, end="eos")
+
+    class Scheduled(Exact):
+        pass
+
+    Scheduled.schedule, Scheduled.open_root = schedule, schedule != "fixed"
+    method = Scheduled(tree, greedy=False)
+    # (attempts, allowed, useful, slots waiting, root open)
+    rounds: list[tuple[int, int, int, int, bool]] = []
+    release = method.release
+
+    def recorded() -> None:
+        rounds.append((method._ended, method._width, method._count_useful(), method._asking,
+                       method.Q.is_open(tree.root)))
+        release()
+
+    method.release = recorded  # type: ignore[method-assign]
+    engine = Engine(lm, batch_size=8)
+    done: dict[int, tuple[int, ...]] = {}
+    engine.submit(method, 200, 1, lambda i, node, k: done.__setitem__(i, node.tokens), width=32)
+    engine.run()
+    assert len(done) == 200
+    tried = [r for r in rounds if r[0]]
+    assert all(attempts <= (32 if schedule == "fixed" else allowed)
+               for attempts, allowed, _, _, _ in tried)
+    if schedule != "fixed":
+        assert rounds[0][0] == 0  # the root's own round: no attempt yet
+        assert all(is_open for *_, is_open in tried)
+    if schedule == "useful":
+        assert tried[0][0] == 16  # half the 32 slots
+        for (_, _, useful, waiting, _), (_, allowed, *_) in itertools.pairwise(tried):
+            assert allowed == min(max(2 * useful, (waiting + 1) // 2, 1), 32)
+
+
+def test_exact_schedule_wastes_fewer_attempts_than_fixed_rounds() -> None:
+    """On the binary problem (most of the model's strings invalid), rounds of 32 attempts on
+    a coarse Q reject more often than the default schedule (seeded runs: 203 against 138)."""
+    lm, bits, max_new = binary()
+    rejected = {}
+    for schedule in ("fixed", Exact.schedule):
+
+        class Scheduled(Exact):
+            pass
+
+        Scheduled.schedule, Scheduled.open_root = schedule, schedule != "fixed"
+        total = 0
+        for seed in range(3):
+            tree = PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new, end="eos")
+            method = Scheduled(tree, greedy=False)
+            engine = Engine(lm)
+            engine.submit(method, 500, seed, lambda i, node, k: None, width=32)
+            engine.run()
+            total += method.restarts
+        rejected[schedule] = total
+    assert rejected[Exact.schedule] * 1.3 < rejected["fixed"], rejected
+
+
+def test_exact_unknown_schedule_is_an_error() -> None:
+    lm, bits, max_new = binary()
+
+    class Odd(Exact):
+        schedule = "sometimes"
+
+    with pytest.raises(ValueError, match="unknown schedule 'sometimes'"):
+        Odd(PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new), greedy=False)
+
+
+@pytest.mark.parametrize("problem", ["no_ab", "binary"])
+def test_exact_several_attempts_for_one_sample_fit_the_target(problem: str) -> None:
+    """With one sample (n = 1) and room for more walks, a round runs several attempts for it
+    and keeps the first accepted: each call's sample, on its own fresh Q, is an exact draw."""
+    lm, constraint, max_new = PROBLEMS[problem]() if problem != "binary" else binary()
+    target = at.exact_distribution(lm, [], constraint, max_new_tokens=max_new)
+    out = generate_each(lm, [dict(prompt=[], constraint=constraint, method="exact", n=1,
+                                  seed=k, max_new_tokens=max_new) for k in range(N // 2)])
+    seen: dict[tuple[int, ...], int] = {}
+    for res in out:
+        assert isinstance(res, at.GenerationResult) and res.samples[0].valid
+        seen[res.samples[0].tokens] = seen.get(res.samples[0].tokens, 0) + 1
+    assert sum(res.stats["restarts"] > 1 for res in out) > N // 40  # Q was coarse for many
+    p = chi_square_p(seen, target)
+    assert p > 1e-3, f"exact, n = 1, on {problem}: p = {p:.2e}"

@@ -497,8 +497,9 @@ def generate(
     samples share Q run several walks over that one Q where ``parallel`` says so: ``True``
     for ``PARALLEL_WALKS`` (32) walks, an int for that many, ``False`` (or 1) for one at a
     time, ``None`` for the method's default: parallel for ``exact`` (in rounds that keep it
-    exact), one at a time for ``asap`` and ``adaptrack`` with ``share_q`` (in parallel they
-    are further from the target; README). A seed gives the same samples whatever
+    exact, of at most that many attempts; docs/design.md §3), one at a time for ``asap``
+    and ``adaptrack`` with ``share_q`` (in parallel they are further from the target;
+    README). A seed gives the same samples whatever
     ``batch_size``, ``max_batch_tokens``, ``max_cache_bytes`` and the other prompts of the
     call, for every method (exactly with an exact model such as ``TableLM``; a float
     backend's batch composition changes rounding by about 1e-6, which can flip a draw that
@@ -567,19 +568,19 @@ def generate(
     >>> bits = at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])
     >>> res = at.generate(lm, [], bits, method="exact", n=3, seed=0)
     >>> [s.text for s in res.samples]
-    ['10110', '11110', '11000']
+    ['11101', '10111', '11001']
     >>> all(s.valid for s in res.samples)
     True
     >>> try:
     ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20, fallback=None)
     ... except at.TreeLimitError as err:
     ...     [s.text for s in err.partial.samples]    # what finished before the limit
-    ['10110', '11110']
+    ['11101', '10111']
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as said:   # the default: CD draws the third
     ...     res = at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20)
     >>> [(s.text, s.fallback) for s in res.samples], said[0].category.__name__
-    ([('10110', False), ('11110', False), ('10110', True)], 'SearchFallbackWarning')
+    ([('11101', False), ('10111', False), ('10110', True)], 'SearchFallbackWarning')
     >>> [r.texts for r in at.generate(lm, [[], [0]], bits, method="cd", n=2, seed=0)]
     [['10100', '10101'], ['10100', '10101']]
     """

@@ -39,6 +39,8 @@ class Method:
 
     independent = True
     parallel = False
+    #: How many of its walks the engine runs at once (set by ``Engine.submit``).
+    width = 1
     eager_chains = True
     forces_chains = False
 

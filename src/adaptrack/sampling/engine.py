@@ -113,6 +113,7 @@ class Engine:
         req = Request(method.tree, method, n, seed, on_done, max(1, width), fallback=fallback,
                       fallback_width=max(1, fallback_width))
         req._streams = np.random.SeedSequence(seed).spawn(n)
+        method.width = req.width
         self.requests.append(req)
         return req
 

@@ -21,6 +21,36 @@ draw whatever the other slots do, so the n samples are independent draws of the 
 which Q each attempt sees depends on how many run at once (``generate``'s ``parallel``),
 which can change the samples, never their distribution.
 
+What happens between rounds is free as long as it depends on earlier rounds only, never on
+an attempt of the round it shapes: given everything before an attempt, it accepts s with
+probability P(s)·c(s) / Q[ε] whatever that Q is, so its slot's first accepted attempt is
+an exact draw (and the slots stay independent: each factor is the target's, whatever the
+others drew). Three uses of that freedom cut the attempts wasted on a coarse Q, or the
+rounds spent:
+
+- *The root is opened* before the first round: its expansion is the call every first
+  attempt waits for anyway, and an attempt that proposes from P at an unopened root
+  rejects with the mass of every invalid first token. (Other expansions known before an
+  attempt asks, a fed chain's rest, are left unopened: opening them would make a prefilled
+  chain change the samples, which docs/design.md §2 promises it does not.)
+- *A schedule* says how many attempts a round runs (:data:`SCHEDULES`), at most the walks
+  in flight (``parallel``); the slots take them lowest index first, the others wait at the
+  barrier for a later round. The default, ``useful``, runs twice as many as the last round
+  had useful attempts, and at least half the slots waiting; an attempt is useful when it
+  was accepted or saw unopened a prefix that no attempt started before it in its round saw
+  (a rejection that teaches Q nothing new is the waste of running in parallel). So while
+  Q is coarse half the slots wait, and once attempts are accepted a round is as wide as
+  before.
+- *Several attempts for one slot*: when a round has more attempts than slots waiting (one
+  sample, or a request's last ones) a slot runs its share at once, each on its own random
+  stream, their model calls in one batch, and keeps the first accepted in attempt order
+  (given Q the attempts are independent draws, so the first accepted is a draw of the
+  target; the others count as rejections). A request run one walk at a time
+  (``parallel=False``) keeps one attempt at a time.
+
+Each number is a function of earlier rounds, so every schedule is exact; the chi-square
+tests run each one (tests/test_distribution.py, tests/test_engine.py).
+
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree.
 """
@@ -29,6 +59,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Generator
 
 import numpy as np
 
@@ -58,47 +89,159 @@ class Exact(Method):
     independent = False  # Q is shared
     parallel = True  # rounds keep every attempt on one Q: exact with any number in flight
     eager_chains = False  # a rejected attempt need not have fed the chain it left
+    #: How many attempts a round runs (:data:`SCHEDULES`; module docstring).
+    schedule = "useful"
+    #: Whether a slot may run several attempts in a round when there are more attempts
+    #: than slots (n = 1, or a request's last samples), keeping the first accepted.
+    several = True
+    #: Whether the root is opened before the first attempt.
+    open_root = True
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
         super().__init__(tree, greedy)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
+                             f"{', '.join(SCHEDULES)}")
         self.Q = QTable(self.tree)
         self._best: Node | None = None
-        self._deferred: list[Node] = []  # prefixes this round's attempts saw unopened
+        self._deferred: list[Node] = []  # the root, opened before the first round
+        self._width = 1  # attempts this round may start
+        self._tickets = self._width  # of which not yet started
+        self._ended = self._accepted = 0  # attempts of this round
+        # This round's attempts as (order started, accepted, prefixes seen unopened).
+        self._outcomes: list[tuple[int, bool, list[Node]]] = []
+        self._asking = 0  # walks of this round that will ask for attempts in the next
+        self._started = 0  # attempts started so far (their order)
+        self._share = 1  # attempts a slot may take in this round
 
     def release(self) -> None:
-        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update)."""
-        for x in self._deferred:
-            self.Q.open(x)
+        """The end of a round: open what its attempts saw (formula 2, §7.2.1 update), then
+        size the next round from this one's outcome."""
+        self._outcomes.sort(key=lambda o: o[0])  # the order started: the same whatever the cache
+        for x in self._deferred + [x for *_, nodes in self._outcomes for x in nodes]:
+            self.Q.open(x)  # parents first: Q stays consistent
         self._deferred.clear()
+        if self._ended:
+            if self.schedule == "useful":
+                self._width = 2 * self._count_useful()
+        if self.schedule == "useful":  # never fewer than half the slots waiting
+            self._width = max(self._width, (self._asking + 1) // 2, 1)
+        self._width = min(self._width, self.width)  # ``parallel``: attempts in flight
+        self._tickets = self._width
+        # Several attempts for one slot only when every slot of the next round is waiting
+        # now: after a round that accepted, new slots may start and take their own.
+        waiting = self._asking if not self._accepted else 0
+        several = self.several and self.width > 1  # one walk at a time: one attempt too
+        self._share = -(-self._width // waiting) if several and waiting else 1
+        self._ended = self._accepted = self._asking = 0
+        self._outcomes.clear()
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
             return (yield from self._most_probable(seen))
+        return (yield from self._sample(seen, rng))
+
+    def _sample(self, seen: set[int], rng: np.random.Generator) -> Walk:
         root = self.tree.root
+        if self.open_root and not self.Q.is_open(root):
+            # The first round's attempts would all propose from P at the root: open it first
+            # (its expansion is the call they would wait for anyway).
+            yield from self.expand(root)
+            self._deferred.append(root)
+            self._asking += 1
+            yield BARRIER
         while True:
             if self.Q.dead(root):
                 raise self.empty_language()
-            node, unopened = root, []
-            while not node.complete:
-                self.used(seen, node)
-                if self.Q.is_open(node):
-                    i = draw(self.Q.weights(node), rng)  # u ~ P_Q(· | x), formula 3
-                    token = self.Q.token(node, i)
-                else:
-                    exp = yield from self.expand(node)
-                    unopened.append(node)
-                    token = self._propose(exp, rng)  # u ~ P(· | x): Q = 1 below x
-                    if token < 0:
-                        break  # an invalid token: rejected
-                node = self.tree.child(node, token)
-            for x in unopened:
-                yield from self.expand(x)  # (in case the cache dropped it meanwhile)
-            self._deferred.extend(unopened)  # parents first: Q stays consistent
+            k = self._take()
+            while not k:
+                self._asking += 1
+                yield BARRIER  # not this round's: wait for a later one, Q unchanged
+                k = self._take()
+            first = self._started
+            self._started += k
+            ended = yield from self._attempts(k, first, seen, rng)
+            kept = next((node for node in ended if node.complete), None)
+            self.restarts += k - (kept is not None)  # rejected, or accepted after the kept one
+            if kept is None:
+                self._asking += 1
             yield BARRIER  # every attempt in flight ends before Q changes (``release``)
-            if node.complete:
-                return node
-            self.restarts += 1
+            if kept is not None:
+                return kept
+
+    def _take(self) -> int:
+        """How many attempts this slot makes in this round (0: none, it waits)."""
+        if self.schedule == "fixed":
+            return 1
+        k = min(self._share, self._tickets)
+        self._tickets -= k
+        return k
+
+    def _count_useful(self) -> int:
+        """This round's useful attempts: accepted, or the first in the order started to see
+        some prefix unopened (in that order, not the order they ended, which depends on
+        which expansions the cache held)."""
+        seen: set[int] = set()
+        useful = 0
+        for _, accepted, nodes in sorted(self._outcomes, key=lambda o: o[0]):
+            fresh = {id(x) for x in nodes} - seen
+            useful += accepted or bool(fresh)
+            seen |= fresh
+        return useful
+
+    def _attempts(self, k: int, first: int, seen: set[int], rng: np.random.Generator
+                  ) -> Generator[object, None, list[Node]]:
+        """``k`` attempts on this round's Q, their model calls shared; the nodes where
+        they ended, in attempt order (the slot keeps the first complete one: given Q the
+        attempts are independent draws, so the first accepted is a draw of the target)."""
+        # Each attempt its own stream, drawn in attempt order: how the attempts interleave
+        # (which prefixes the cache or a prefilled chain already holds) changes no sample.
+        rngs = [rng] if k == 1 else [np.random.default_rng(int(s))
+                                     for s in rng.integers(0, 2**63, size=k)]
+        runs = [self._attempt(first + j, seen, r) for j, r in enumerate(rngs)]
+        ended: list[Node | None] = [None] * k
+        waits: dict[int, object] = {}
+
+        def step(i: int) -> None:
+            try:
+                waits[i] = next(runs[i])
+            except StopIteration as stop:
+                ended[i] = stop.value
+                waits.pop(i, None)
+
+        for i in range(k):
+            step(i)
+        while waits:
+            asked = tuple(waits.values())
+            yield asked[0] if len(asked) == 1 else asked
+            for i in list(waits):
+                step(i)
+        return [node for node in ended if node is not None]
+
+    def _attempt(self, order: int, seen: set[int], rng: np.random.Generator
+                 ) -> Generator[Node, None, Node]:
+        """One attempt from the root on this round's Q: the node where it ended (complete:
+        accepted). The prefixes it saw unopened are opened at the round's end."""
+        node, unopened = self.tree.root, []
+        while not node.complete:
+            self.used(seen, node)
+            if self.Q.is_open(node):
+                i = draw(self.Q.weights(node), rng)  # u ~ P_Q(· | x), formula 3
+                token = self.Q.token(node, i)
+            else:
+                exp = yield from self.expand(node)
+                unopened.append(node)
+                token = self._propose(exp, rng)  # u ~ P(· | x): Q = 1 below x
+                if token < 0:
+                    break  # an invalid token: rejected
+            node = self.tree.child(node, token)
+        for x in unopened:
+            yield from self.expand(x)  # (in case the cache dropped it meanwhile)
+        self._ended += 1
+        self._accepted += node.complete
+        self._outcomes.append((order, node.complete, unopened))
+        return node
 
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
         """u ~ P(· | x) over the whole vocabulary; -1 stands for any invalid token."""
@@ -174,6 +317,11 @@ class Exact(Method):
         """``node``'s k-th most probable valid child."""
         return self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
 
+
+#: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
+#: ``open_root`` off, the rounds as they were before the schedules: the baseline of
+#: benchmarks/rounds.py); ``useful`` (the default), the module docstring's.
+SCHEDULES = ("fixed", "useful")
 
 #: Prefixes the greedy search expands along with the one it needs (a sequential search's
 #: model calls would otherwise serve one row each).
