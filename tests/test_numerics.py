@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import adaptrack as at
-from adaptrack.sampling import PrefixTree, QTable
+from adaptrack.sampling import Expansion, PrefixTree, QTable
 
 # Tokens a, b, EOS at fixed odds 2 : 97 : 1: "a" * k then EOS has probability .02^k · .01.
 ODDS = [2, 97, 1]
@@ -119,3 +119,14 @@ def test_a_float32_model_stores_half_the_bytes_and_samples_its_stored_target() -
     for s, p in d32.items():
         share = sum(x.tokens == s for x in result.samples) / n
         assert abs(share - p) <= 4 * math.sqrt(p * (1 - p) / n) + 1 / n
+
+
+def test_an_expansion_whose_every_token_is_valid_holds_its_probabilities_alone() -> None:
+    probs = np.full(1000, 1e-3)
+    own = Expansion(probs, np.arange(1000), dtype=np.float32)
+    assert own.nbytes == 1000 * 4 and own.shared_ids  # ids: one shared 0..V-1
+    assert own.ids is Expansion(probs, np.arange(1000)).ids and own.is_valid(999)
+    part = Expansion(probs, np.arange(0, 1000, 2), dtype=np.float32)
+    assert part.nbytes == 500 * (4 + 4) and not part.shared_ids
+    probs[3] = 0.0  # a token of no mass drops out: the ids are the expansion's own again
+    assert not Expansion(probs, np.arange(1000)).shared_ids

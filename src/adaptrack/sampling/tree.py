@@ -10,6 +10,7 @@ those the algorithms hold) and time (``max_seconds``).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -58,6 +59,15 @@ class Node:
         self.truncated = False
 
 
+@functools.lru_cache(maxsize=4)
+def every_id(size: int) -> np.ndarray:
+    """``0 .. size - 1`` as int32, one read-only array per vocabulary size: the ids of an
+    expansion whose every token is valid, shared by all of them (counted by none)."""
+    out = np.arange(size, dtype=np.int32)
+    out.flags.writeable = False
+    return out
+
+
 class Expansion:
     """The expansion of one prefix, computed once from the model's distribution.
 
@@ -86,6 +96,8 @@ class Expansion:
         keep = p > 0
         if keep.all() and shared_ids:
             self.ids, self.p, self.shared_ids = ids, p, True
+        elif keep.all() and len(ids) == len(probs):  # every token valid: ids are 0..V-1
+            self.ids, self.p, self.shared_ids = every_id(len(probs)), p, True
         else:  # ids of this prefix alone: int32 (any vocabulary is below 2^31 tokens)
             self.ids = (ids if keep.all() else ids[keep]).astype(np.int32)
             self.p = p if keep.all() else p[keep]
