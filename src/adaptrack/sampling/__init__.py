@@ -2,9 +2,10 @@
 that serves their walks (docs/design.md §3-4)."""
 
 from .engine import Engine, Request
+from .expansion import Expansion
 from .fastforward import FastForward, forced_tokens
 from .qtable import QTable
-from .tree import Expansion, Node, PrefixTree
+from .tree import Node, PrefixTree
 
 __all__ = ["Engine", "Expansion", "FastForward", "Node", "PrefixTree", "QTable", "Request",
            "forced_tokens"]

@@ -8,7 +8,8 @@ from collections.abc import Generator
 import numpy as np
 
 from ..errors import NoValidSequenceError
-from .tree import Expansion, Node, PrefixTree
+from .expansion import Expansion
+from .tree import Node, PrefixTree
 
 #: A walk yields this to wait until every walk of its request in flight waits for it too
 #: (the end of a round, :meth:`Method.release`).

@@ -65,8 +65,9 @@ import numpy as np
 
 from .base import BARRIER, Method, Walk
 from .draw import draw
+from .expansion import Expansion
 from .qtable import QTable
-from .tree import Expansion, Node, PrefixTree
+from .tree import Node, PrefixTree
 
 
 class Exact(Method):

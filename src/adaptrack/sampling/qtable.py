@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from .tree import Expansion, Node, PrefixTree
+from .expansion import Expansion
+from .tree import Node, PrefixTree
 
 
 class QTable:
