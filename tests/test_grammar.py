@@ -607,3 +607,38 @@ def test_a_replay_that_fails_again_goes_one_token_at_a_time_with_masks():
     nxt = m.advance(state, int(m.allowed(state)[0]))
     assert m.allowed(nxt).tolist() == want.allowed(nxt).tolist()
     assert m.stats()["grammar_restarts"] == 2
+
+
+def test_a_json_object_schema_knows_its_final_byte_unless_whitespace_is_the_callers():
+    from adaptrack.constraints import json_schema
+
+    obj = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert json_schema(obj).final_bytes == b"}"
+    flexible = {**obj, "x-guidance": {"whitespace_flexible": True}}
+    assert json_schema(flexible).final_bytes == b"}"
+    custom = {**obj, "x-guidance": {"whitespace_pattern": r"[ ]*|//[a-z]*"}}
+    assert json_schema(custom).final_bytes is None
+    assert json_schema({"type": "array"}).final_bytes is None
+    assert json_schema({"properties": {"a": {}}}).final_bytes is None  # not only objects
+
+
+def test_closing_from_the_final_byte_is_the_closing_of_a_full_scan():
+    from adaptrack.constraints import json_schema
+    from adaptrack.constraints.grammar import GrammarMatcher
+
+    tokens = [b"{", b"}", b'"', b"a", b'":', b"1", b" ", b"\n", b"}\n", b"1}", b'"}', b",",
+              b'a"', b" }", b"<eos>"]
+    vocab = at.Vocabulary(tokens, eos_ids=[len(tokens) - 1])
+    grammar = json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    fast = grammar.bind(vocab)
+    slow = GrammarMatcher(grammar, vocab)
+    slow._candidates = None  # every allowed token tried
+    for text in ([0], [0, 2], [0, 2, 3, 4], [0, 2, 3, 4, 5], [0, 1], [0, 6]):
+        s_fast, s_slow = fast.start(), slow.start()
+        for t in text:
+            s_fast, s_slow = fast.advance(s_fast, t), slow.advance(s_slow, t)
+        assert fast.closing(s_fast).tolist() == slow.closing(s_slow).tolist(), text
+    after_one = fast.start()
+    for t in [0, 2, 3, 4, 5]:
+        after_one = fast.advance(after_one, t)
+    assert set(fast.closing(after_one).tolist()) == {1, 9, 13}  # "}", "1}", " }"

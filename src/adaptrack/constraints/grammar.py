@@ -61,11 +61,16 @@ class Grammar(Constraint):
     :func:`json_schema`, :func:`lark` or :func:`gbnf`). ``kind`` names the source format and
     ``lark_text`` is the Lark grammar llguidance runs."""
 
-    def __init__(self, kind: str, lark_text: str, pattern: str | None = None) -> None:
+    def __init__(self, kind: str, lark_text: str, pattern: str | None = None,
+                 final_bytes: bytes | None = None) -> None:
         self.kind = kind
         self.lark_text = lark_text + _NO_FORCING
         #: The source of a :func:`regex` (``min_new_tokens`` reads it), else None.
         self.pattern = pattern
+        #: Where known, bytes one of which every accepted text ends with, whitespace after
+        #: it aside (a JSON object: ``}``); :meth:`GrammarMatcher.closing` then tries only
+        #: tokens that hold one, or are whitespace. None: not known.
+        self.final_bytes = final_bytes
 
     def bind(self, vocab: Vocabulary) -> GrammarMatcher:
         return GrammarMatcher(self, vocab)
@@ -154,7 +159,15 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
             schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE,
                                                **(options or {})}}
     _check("JSON schema", LLMatcher.grammar_from_json_schema(json.dumps(schema)))
-    return Grammar("JSON schema", f"start: %json {json.dumps(schema)}")
+    # An object ends with "}", then whitespace (ours or llguidance's; a pattern of the
+    # caller's may match anything, so then nothing is known).
+    final = None
+    if isinstance(schema, dict) and schema.get("type") == "object":
+        options = schema.get("x-guidance")
+        if isinstance(options, dict) and options.get(
+                "whitespace_pattern", JSON_WHITESPACE) == JSON_WHITESPACE:
+            final = b"}"
+    return Grammar("JSON schema", f"start: %json {json.dumps(schema)}", final_bytes=final)
 
 
 def lark(grammar: str) -> Grammar:
@@ -452,6 +465,14 @@ class GrammarMatcher(Matcher):
             cache_bytes, size=lambda v: v[0].nbytes, keep_one=True)
         self._forced: LRU[tuple[int, ...], tuple[bytes, bool]] = LRU(1 << 16)
         self._closing: LRU[tuple[int, ...], np.ndarray] = LRU(1 << 24, lambda a: a.nbytes + 64)
+        # The only tokens that can make a text accepted, where the grammar knows its final
+        # bytes: those holding one, and whitespace (after a text already accepted).
+        self._candidates: np.ndarray | None = None
+        if grammar.final_bytes:
+            blank = [i for i in vocab.text_ids.tolist()
+                     if vocab.bytes_of(i) and not vocab.bytes_of(i).strip(b" \t\n\r")]
+            self._candidates = np.union1d(vocab.tokens_holding(grammar.final_bytes),
+                                          np.asarray(blank, dtype=np.int64))
         self._min_tokens: int | None = None
         self.masks_computed, self.mask_seconds = 0, 0.0
 
@@ -534,6 +555,8 @@ class GrammarMatcher(Matcher):
             return found
         bits, accepting = self._mask(key)
         ids = np.flatnonzero(np.unpackbits(bits, bitorder="little").view(bool))
+        if self._candidates is not None:
+            ids = np.intersect1d(ids, self._candidates, assume_unique=True)
 
         def compute(m: LLMatcher) -> np.ndarray:
             keep = np.zeros(len(ids), dtype=bool)
