@@ -52,18 +52,17 @@ Each number is a function of earlier rounds, so every schedule is exact; the chi
 tests run each one (tests/test_distribution.py, tests/test_engine.py).
 
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
-search by -log P over the tree.
+search by -log P over the tree (``sampling/bestfirst.py``).
 """
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Generator
 
 import numpy as np
 
 from .base import BARRIER, Method, Walk
+from .bestfirst import BestFirst
 from .draw import draw
 from .expansion import Expansion
 from .qtable import QTable
@@ -105,7 +104,7 @@ class Exact(Method):
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{', '.join(SCHEDULES)}")
         self.Q = QTable(self.tree)
-        self._best: Node | None = None
+        self._search = BestFirst(self)
         self._deferred: list[Node] = []  # the root, opened before the first round
         self._width = 1  # attempts this round may start
         self._tickets = self._width  # of which not yet started
@@ -140,7 +139,7 @@ class Exact(Method):
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
-            return (yield from self._most_probable(seen))
+            return (yield from self._search.walk(seen))
         return (yield from self._sample(seen, rng))
 
     def _sample(self, seen: set[int], rng: np.random.Generator) -> Walk:
@@ -252,78 +251,8 @@ class Exact(Method):
             return -1
         return int(exp.ids[min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)])
 
-    def _most_probable(self, seen: set[int]) -> Walk:
-        if self._best is not None:  # the same answer for every sample; count its prefixes
-            node = self._best.parent
-            while node is not None:
-                self.used(seen, node)
-                node = node.parent
-            return self._best
-        tree = self.tree
-        # Entries (cost, tiebreak, node, k): k = -1 is the node itself, k >= 0 its k-th most
-        # probable child, pushed lazily so a wide vocabulary costs one entry per pop.
-        heap: list[tuple[float, int, Node, int]] = [(0.0, 0, tree.root, -1)]
-        order: dict[int, list[int]] = {}
-        expansions: dict[int, Expansion] = {}
-        counter = 1
-        while heap:
-            cost, _, node, k = heapq.heappop(heap)
-            if k < 0:
-                if node.complete:
-                    self._best = node
-                    return node
-                if node.expansion is None:
-                    yield (node, *self._next_cheapest(heap, order, expansions))
-                exp = yield from self.expand(node)
-                expansions[id(node)] = exp
-                self.used(seen, node)
-                if len(exp.ids):
-                    order[id(node)] = sorted(range(len(exp.ids)), key=lambda j: -exp.p[j])
-                    heapq.heappush(heap, (cost - math.log(exp.p[order[id(node)][0]]), counter,
-                                          node, 0))
-                    counter += 1
-                continue
-            ranks, exp = order[id(node)], expansions[id(node)]
-            child = self._child(node, k, order, expansions)
-            heapq.heappush(heap, (-child.logprob, counter, child, -1))
-            counter += 1
-            if k + 1 < len(ranks):
-                nxt = exp.p[ranks[k + 1]]
-                heapq.heappush(heap, (-node.logprob - math.log(nxt), counter, node, k + 1))
-                counter += 1
-        raise self.empty_language()
-
-    def _next_cheapest(self, heap: list[tuple[float, int, Node, int]],
-                       order: dict[int, list[int]], expansions: dict[int, Expansion]
-                       ) -> list[Node]:
-        """The prefixes the search would expand next (the cheapest entries of ``heap``,
-        children made where an entry stands for one), to share a model call: best-first
-        search expands every prefix cheaper than its answer, so only the last call's
-        extras can go unused, and the answer is the same."""
-        ahead = []
-        # Prefixes made ahead count toward max_nodes: none near the limit, so the lookahead
-        # never ends a search that would have found its answer.
-        room = self.tree.max_nodes - self.tree.num_nodes > 2 * LOOKAHEAD
-        for _, _, node, k in heapq.nsmallest(LOOKAHEAD, heap):
-            if k >= 0:
-                if not room:
-                    continue
-                node = self._child(node, k, order, expansions)
-            if not node.complete and node.expansion is None:
-                ahead.append(node)
-        return ahead
-
-    def _child(self, node: Node, k: int, order: dict[int, list[int]],
-               expansions: dict[int, Expansion]) -> Node:
-        """``node``'s k-th most probable valid child."""
-        return self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
-
 
 #: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
 #: ``open_root`` off, the rounds as they were before the schedules: the baseline of
 #: benchmarks/rounds.py); ``useful`` (the default), the module docstring's.
 SCHEDULES = ("fixed", "useful")
-
-#: Prefixes the greedy search expands along with the one it needs (a sequential search's
-#: model calls would otherwise serve one row each).
-LOOKAHEAD = 7
