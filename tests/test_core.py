@@ -107,6 +107,7 @@ def test_q_table_satisfies_formula_2_after_random_openings():
     for _ in range(200):  # random root-to-leaf walks, opening as we go
         node = tree.root
         while not node.complete:
+            tree.expand(node)  # the test is the driver: it asks the model
             Q.open(node)
             if Q.q(node) == 0:
                 break
@@ -141,6 +142,7 @@ def test_fully_opened_q_root_is_the_total_valid_probability():
         if node.complete:
             total += np.exp(node.logprob)
             continue
+        tree.expand(node)  # the test is the driver: it asks the model
         Q.open(node)
         stack.extend(tree.child(node, int(t)) for t in node.expansion.ids)
     assert Q.q(tree.root) == pytest.approx(total, rel=1e-9)

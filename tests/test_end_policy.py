@@ -72,6 +72,7 @@ def test_leave_target_is_the_definition():
 def test_leave_moves_the_leaving_mass_onto_eos():
     lm, c, max_new = ends_or_goes_on()
     tree = at.sampling.tree.PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=max_new)
+    tree.expand(tree.root)  # the test is the driver: it asks the model
     a = tree.child(tree.root, 0)  # "a": accepted, may go on with a, b or ab
     exp = tree.expand(a)
     probs = np.asarray(lm.next_probs((0,)), dtype=float)

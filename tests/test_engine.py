@@ -363,3 +363,26 @@ def test_exact_several_attempts_for_one_sample_fit_the_target(problem: str) -> N
     assert sum(res.stats["restarts"] > 1 for res in out) > N // 40  # Q was coarse for many
     p = chi_square_p(seen, target)
     assert p > 1e-3, f"exact, n = 1, on {problem}: p = {p:.2e}"
+
+
+def test_a_walk_waits_again_for_an_expansion_the_cache_dropped():
+    """The engine is the one caller of the model: a walk whose prefix lost its expansion
+    while it waited asks for it again; neither the tree nor Q calls the model for it."""
+    from adaptrack.sampling import QTable
+    from adaptrack.sampling.cd import ConstrainedDecoding
+
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
+    tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    wait = ConstrainedDecoding(tree, greedy=True).expand(tree.root)
+    assert next(wait) is tree.root
+    tree.expand(tree.root)  # the driver's call ...
+    tree.root.expansion = None  # ... and an eviction before the walk resumes
+    assert next(wait) is tree.root and tree.lm_calls == 1  # it waits again
+    with pytest.raises(RuntimeError, match="before its expansion"):
+        tree.child(tree.root, 1)
+    with pytest.raises(RuntimeError, match="did not wait"):
+        QTable(tree).open(tree.root)
+    tree.expand(tree.root)
+    with pytest.raises(StopIteration) as done:
+        next(wait)
+    assert done.value.value is tree.root.expansion and tree.lm_calls == 2

@@ -126,6 +126,7 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     tree = PrefixTree(lm, [], NAMES.bind(lm.vocab), max_new_tokens=6,
                       fast_forward=FastForward())
     q = QTable(tree)
+    tree.expand(tree.root)  # the test is the driver: it asks the model
     q.open(tree.root)
     xyz = VOCAB.index(b"xyz")
     p_root = np.exp(lm.next_logprobs([()])[0])
@@ -134,6 +135,7 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     head = tree.child(tree.root, xyz)
     assert head.in_chain and head.expansion is not None  # from the same call
     assert tree.lm_calls == 1 and tree.ff_sequences == 1
+    tree.expand(head)  # the test is the driver: it asks the model
     q.open(head)
     assert q.q(tree.root) == pytest.approx(p_root[xyz] * head.expansion.p.sum(), rel=1e-12)
 

@@ -66,6 +66,7 @@ def test_q_stays_finite_in_log_space_and_exact_at_single_child_nodes() -> None:
                       max_new_tokens=k + 1, end="eos")
     Q, node = QTable(tree), tree.root
     while not node.complete:
+        tree.expand(node)  # the test is the driver: it asks the model
         Q.open(node)
         node = tree.child(node, int(node.expansion.ids[0]))
     expected = k * math.log(0.02) + math.log(0.01)
@@ -107,6 +108,7 @@ def test_a_float32_model_stores_half_the_bytes_and_samples_its_stored_target() -
     c = at.constraints.choice(["a", "ab", "b", "ba"])
     trees = [PrefixTree(lm, [], c.bind(lm.vocab), end="eos") for lm in (lm32, lm64)]
     for tree in trees:
+        tree.expand(tree.root)  # the test is the driver: it asks the model
         QTable(tree).open(tree.root)
     assert trees[0].root.expansion.p.dtype == np.float32
     assert trees[0].opened_bytes < trees[1].opened_bytes

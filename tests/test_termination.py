@@ -502,6 +502,7 @@ def test_a_mask_shared_by_every_prefix_is_counted_once() -> None:
     tree = PrefixTree(lm, [], at.constraints.Anything().bind(lm.vocab), max_new_tokens=8)
     q, node = QTable(tree), tree.root
     for _ in range(5):
+        tree.expand(node)  # the test is the driver: it asks the model
         q.open(node)
         node = tree.child(node, 0)
     valid = len(tree.root.expansion.ids)  # every token but the empty one

@@ -74,10 +74,12 @@ class Method:
             seen.add(id(node))
 
     def expand(self, node: Node) -> Generator[Node, None, Expansion]:
-        """The node's expansion; the walk pauses while the driver asks the model."""
-        if node.expansion is None:
+        """The node's expansion; the walk pauses while the driver asks the model, and
+        asks again should the cache have dropped it meanwhile (a walk never calls the
+        model itself: the engine batches every walk's waiting prefixes)."""
+        while node.expansion is None:
             yield node
-        return self.tree.expand(node)  # already there, unless evicted meanwhile
+        return node.expansion
 
     def empty_language(self) -> NoValidSequenceError:
         t = self.tree

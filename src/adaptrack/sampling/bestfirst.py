@@ -102,7 +102,8 @@ class BestFirst:
     def _child(self, node: Node, k: int, order: dict[int, list[int]],
                expansions: dict[int, Expansion]) -> Node:
         """``node``'s k-th most probable valid child."""
-        return self.tree.child(node, int(expansions[id(node)].ids[order[id(node)][k]]))
+        exp = expansions[id(node)]  # held here: the tree's cache may have dropped it
+        return self.tree.child(node, int(exp.ids[order[id(node)][k]]), exp)
 
 
 #: Prefixes the greedy search expands along with the one it needs (a sequential search's

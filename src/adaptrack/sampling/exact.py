@@ -148,6 +148,7 @@ class Exact(Method):
             # The first round's attempts would all propose from P at the root: open it first
             # (its expansion is the call they would wait for anyway).
             yield from self.expand(root)
+            self.tree.pin(root)
             self._deferred.append(root)
             self._asking += 1
             yield BARRIER
@@ -238,6 +239,7 @@ class Exact(Method):
             node = self.tree.child(node, token)
         for x in unopened:
             yield from self.expand(x)  # (in case the cache dropped it meanwhile)
+            self.tree.pin(x)  # kept until the round's end opens it
         self._ended += 1
         self._accepted += node.complete
         self._outcomes.append((order, node.complete, unopened))

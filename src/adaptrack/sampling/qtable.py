@@ -117,7 +117,10 @@ class QTable:
         """Mark ``node`` old: Q[node] becomes its valid mass and ancestors follow (formula 2)."""
         if self.is_open(node):
             return
-        exp = self.tree.expand(node)
+        exp = node.expansion
+        if exp is None:
+            raise RuntimeError("Q opens a prefix whose expansion the walk did not wait for "
+                               "(Method.expand)")
         self.tree.pin(node)
         key = id(node)
         self._expansions[key] = exp

@@ -48,7 +48,7 @@ class Node:
         self.children: dict[int, Node] = {}
         self.expansion: Expansion | None = None
         self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``
-        self.opened = False  # some Q table holds this node's expansion: never evicted
+        self.opened = False  # pinned: a Q table holds (or will open) it: never evicted
         # Fast-forward: the forced tokens still to feed from here (when forced, pending[0]
         # is then the only valid next token); None until computed. ``in_chain``: this
         # node's token came in a fed chain, so its expansion came with the chain's one call.
@@ -162,7 +162,8 @@ class PrefixTree:
             )
 
     def expand(self, node: Node) -> Expansion:
-        """The node's expansion, calling the model if this prefix is new."""
+        """The node's expansion, calling the model if this prefix is new: for drivers (the
+        engine, the enumeration), never for a walk (walks wait: ``Method.expand``)."""
         if node.expansion is None:
             self.expand_many([node])
         return node.expansion  # type: ignore[return-value]
@@ -351,8 +352,10 @@ class PrefixTree:
         self._recent_masks.put(key, mask)
         return seen
 
-    def child(self, node: Node, token: int) -> Node:
-        """The prefix ``node + [token]``; ``token`` must be valid (or unconstrained)."""
+    def child(self, node: Node, token: int, expansion: Expansion | None = None) -> Node:
+        """The prefix ``node + [token]``; ``token`` must be valid (or unconstrained) by
+        ``node``'s expansion, which the caller holds (``expansion``) or the node still
+        does."""
         found = node.children.get(token)
         if found is not None:
             return found
@@ -363,7 +366,10 @@ class PrefixTree:
             )
         self.check_time()
         state = self.matcher.advance(node.state, token)
-        exp = self.expand(node)
+        exp = node.expansion if expansion is None else expansion
+        if exp is None:
+            raise RuntimeError(f"a child of {node.tokens} before its expansion: a walk waits "
+                               "for it first (Method.expand)")
         if state is None or not exp.is_valid(token):
             raise ValueError(f"token {token} is not valid after {node.tokens}")
         complete = self.matcher.is_complete(state)
