@@ -39,9 +39,11 @@ class QTable:
     >>> c = at.constraints.choice(["a", "b"]).bind(lm.vocab)
     >>> tree = PrefixTree(lm, [], c, end="eos")  # "leave" would end "a" with probability 1
     >>> Q = QTable(tree)
+    >>> _ = tree.expand(tree.root)              # the driver's model call (the engine's)
     >>> Q.open(tree.root); Q.q(tree.root)       # a and b are valid first tokens
     0.75
-    >>> Q.open(tree.child(tree.root, 0))   # after a only EOS: .5·.25 + .25
+    >>> a = tree.child(tree.root, 0); _ = tree.expand(a)
+    >>> Q.open(a)                          # after a only EOS: .5·.25 + .25
     >>> round(Q.q(tree.root), 12)
     0.375
     >>> Q.log_q(tree.root) == math.log(Q.q(tree.root)), Q.dead(tree.root)  # kept as log Q
