@@ -70,7 +70,12 @@ def test_study_on_an_exact_model(tmp_path: Path) -> None:
     assert "excess" not in cells["exact"]
     text = report.report(path, plots=tmp_path / "plots")
     assert "| Constrained decoding | " in text and "Exact KL to the enumerated target" in text
-    assert "## Excess KL over exact" in text
+    assert "## Excess KL over exact" in text and "| Exact |" in text
+    cheap = report.report(path, methods=["cd"])
+    assert "| Constrained decoding | " in cheap and "| Exact |" not in cheap
+    assert "Exact KL to the enumerated target" in cheap  # the target is kept
+    with pytest.raises(at.AdaptrackError, match="no records of asap; it holds adaptrack, cd"):
+        report.report(path, methods=["cd", "asap"])
     assert (tmp_path / "plots" / "dsl-binary-kl.png").stat().st_size > 1000
     # Resuming with more datasets runs only the new jobs.
     more = dsl.DslTask(n=300, data=task.data, datasets=("slia", "cp", "binary"),

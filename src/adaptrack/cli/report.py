@@ -16,10 +16,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", metavar="DIR",
                         help="write PNG plots into DIR (tfv1, binary and dsl results; needs "
                              "matplotlib)")
+    parser.add_argument("--methods", metavar="M1,M2",
+                        help="report these methods' records only (a report compares the "
+                             "problems every method in it finished)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..eval.report import report
 
-    print(report(args.results, plots=args.plots), file=sys.stdout)
+    methods = args.methods.split(",") if args.methods else None
+    print(report(args.results, plots=args.plots, methods=methods), file=sys.stdout)
     return 0

@@ -36,9 +36,21 @@ METHOD_NAMES = {"unconstrained": "Unconstrained decoding", "cd": "Constrained de
 METHOD_ORDER = ("unconstrained", "cd", "asap", "adaptrack", "exact")
 
 
-def report(path: str | os.PathLike[str], plots: str | os.PathLike[str] | None = None) -> str:
-    """The markdown report of a results file; with ``plots``, PNGs are written there."""
+def report(path: str | os.PathLike[str], plots: str | os.PathLike[str] | None = None,
+           methods: Sequence[str] | None = None) -> str:
+    """The markdown report of a results file; with ``plots``, PNGs are written there; with
+    ``methods``, over those methods' records only (an enumerated target is kept): a report
+    compares the problems every method in it finished, so leaving out a method that finished
+    few widens the comparison. A method the file does not hold is an ``AdaptrackError``."""
     header, records = read_results(path)
+    if methods is not None:
+        present = {r.get("method") for r in records}
+        missing = [m for m in methods if m not in present]
+        if missing:
+            raise AdaptrackError(
+                f"{path}: no records of {', '.join(missing)}; it holds "
+                f"{', '.join(sorted(str(m) for m in present if m != 'target'))}")
+        records = [r for r in records if r.get("method") in (*methods, "target")]
     kind = header.get("task")
     if kind in ("tfv1", "tfv1real"):
         return tfv1_report(header, records, plots)
