@@ -632,7 +632,7 @@ def test_closing_from_the_final_byte_is_the_closing_of_a_full_scan():
     grammar = json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
     fast = grammar.bind(vocab)
     slow = GrammarMatcher(grammar, vocab)
-    slow._candidates = None  # every allowed token tried
+    slow._closing_candidates = lambda: None  # every allowed token tried
     for text in ([0], [0, 2], [0, 2, 3, 4], [0, 2, 3, 4, 5], [0, 1], [0, 6]):
         s_fast, s_slow = fast.start(), slow.start()
         for t in text:

@@ -644,13 +644,20 @@ def _plot_binary(s: dict[str, Any], header: dict[str, Any], out: Path) -> Path:
 DSL_COLUMNS = {"slia": "SLIA", "invbv": "INV-BV", "cp": "CP", "binary": "binary"}
 
 
+def _kept(r: Record) -> list[int]:
+    """The samples a DSL record's KL is over: those that ended, inside the grammar (for
+    unconstrained, any that ended)."""
+    valid: list[bool] = r["valid"] if "valid" in r else r["complete"]
+    return [k for k, (ok, c) in enumerate(zip(valid, r["complete"], strict=True))
+            if c and (ok or r["method"] == "unconstrained")]
+
+
 def _dsl_run(r: Record, target: dict[tuple[int, ...], float] | None) -> dict[str, Any]:
     """One problem × method: the paper's KL(Q ‖ P_LM) over the samples that ended (for the
     constrained methods: inside the grammar; unconstrained: any that ended), its sliding
     windows of a quarter of them, and the exact KL to an enumerated target."""
     valid: list[bool] = r["valid"] if "valid" in r else r["complete"]
-    keep = [k for k, (ok, c) in enumerate(zip(valid, r["complete"], strict=True))
-            if c and (ok or r["method"] == "unconstrained")]
+    keep = _kept(r)
     seqs = [tuple(r["samples"][k]) for k in keep]
     out: dict[str, Any] = {
         "n": len(r["samples"]), "used": len(seqs),
@@ -706,11 +713,9 @@ def excess_kl(seqs: Sequence[Any], logprobs: Sequence[float], ref: Sequence[Any]
 
 def _excess(r: Record, reference: Record) -> tuple[float, float] | None:
     """:func:`excess_kl` of a DSL record against the reference method's record of the same
-    problem, over the samples :func:`_dsl_run` keeps (ended inside the grammar)."""
+    problem, over the samples :func:`_kept` keeps."""
     def kept(rec: Record) -> tuple[list[tuple[int, ...]], list[float]]:
-        valid = rec["valid"] if "valid" in rec else rec["complete"]
-        ks = [k for k, (ok, c) in enumerate(zip(valid, rec["complete"], strict=True))
-              if ok and c]
+        ks = _kept(rec)
         return [tuple(rec["samples"][k]) for k in ks], [rec["logprobs"][k] for k in ks]
 
     seqs, lps = kept(r)

@@ -215,6 +215,8 @@ class PrefixTree:
             return True
         if not self.restrict_length or node.complete:
             return False
+        if node.depth == self.max_new_tokens - 1:  # finishing candidates: lazy matchers too
+            return not len(self.matcher.finishing(node.state))
         return not self.matcher.lazy and not len(self._valid(node))
 
     def _valid(self, node: Node) -> np.ndarray:
@@ -325,8 +327,10 @@ class PrefixTree:
         if node.pending and self.force_chains:  # the forced token alone is valid (no top-p)
             tok = node.pending[0]
             after = matcher.advance(state, tok)
-            ok = (after is not None and (not last or matcher.is_complete(after))
-                  and (matcher.lazy or tok in self._valid(node)))
+            # Only the position before the last validates more than ``advance`` does.
+            closes = (matcher.lazy or not self.restrict_length
+                      or node.depth != self.max_new_tokens - 2 or tok in self._valid(node))
+            ok = after is not None and (not last or matcher.is_complete(after)) and closes
             return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64),
                              dtype=self.lm.probs_dtype)
         valid = self._valid(node)
