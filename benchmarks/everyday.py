@@ -11,9 +11,12 @@ exact and shows in the ``fallback`` column. Columns per method: CPU time as a ra
 gives each method's median and worst ratio over the requests. CPU time of the process, not
 wall time: with one torch thread (run it with ``OMP_NUM_THREADS=1``) it is the work done,
 which other jobs on a shared machine do not inflate; on an idle machine the two agree.
+With ``--seeds 0,1,2`` each row sums every method's runs over the seeds (a ratio of sums): one
+sample's length decides most of its cost, and it moves cd's time 25x between seeds on one
+MaskBench request.
 
-Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--methods cd,exact] [--only TEXT]
-      [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
+Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--seeds 0] [--methods cd,exact]
+      [--only TEXT] [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
       [--kind json|regex|choice|lark] [--maskbench with|without|only] [--maskbench-tokens N]
 """
 
@@ -159,14 +162,14 @@ def crossing(lm: at.LanguageModel, prompt: str | list[int], constraint: Any,
 
 
 def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str, end: str,
-        max_seconds: float, chat: Any) -> dict[str, Any]:
+        max_seconds: float, chat: Any, seed: int = 0) -> dict[str, Any]:
     method, options = METHODS[label]
     prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
     started, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            res = at.generate(lm, prompt, req.constraint(whitespace), method=method, n=n, seed=0,
+            res = at.generate(lm, prompt, req.constraint(whitespace), method=method, n=n, seed=seed,
                               max_new_tokens=req.max_new_tokens, max_seconds=max_seconds,
                               end=end, **options)
         except at.AdaptrackError as err:
@@ -179,6 +182,20 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
     if label == "cd" and end == "leave":
         c = req.constraint(whitespace)
         out["crossing"] = [crossing(lm, prompt, c, s.tokens) for s in res.samples if s.complete]
+    return out
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's runs of a request over several seeds as one: times, calls, complete and
+    fallback samples summed; an error if any seed's run raised (its name, the first one)."""
+    out: dict[str, Any] = {k: sum(r[k] for r in runs) for k in ("s", "cpu")}
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        return {**out, "error": errors[0]}
+    for k in ("calls", "complete", "fallback"):
+        out[k] = sum(r[k] for r in runs)
+    out["texts"] = [t for r in runs for t in r["texts"]]
+    out["crossing"] = [x for r in runs for x in r.get("crossing", [])]
     return out
 
 
@@ -201,11 +218,16 @@ def main() -> None:
                         help="max_new_tokens of the MaskBench requests (default: 160; at 64 "
                              "cd walks into the length limit on most of them)")
     parser.add_argument("--texts", action="store_true", help="print every sample's text")
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated seeds; a row sums each method's CPU time, calls "
+                             "and samples over them (one sample's length moves cd's time 25x "
+                             "between seeds on a MaskBench request)")
     args = parser.parse_args()
     labels = [m for m in args.methods.split(",") if m]
     if "cd" not in labels:
         labels.insert(0, "cd")
     ns = [1] if args.quick else [int(x) for x in args.n.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
     lm = at.load_model()
     from adaptrack.serve.preprocess import hf_chat_template
 
@@ -215,7 +237,7 @@ def main() -> None:
             and {"with": True, "without": not r.maskbench, "only": r.maskbench}[args.maskbench]]
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
-          f"end: {args.end}; max_seconds: {args.max_seconds:g}\n")
+          f"end: {args.end}; max_seconds: {args.max_seconds:g}; seeds: {args.seeds}\n")
     # One-off costs (the canonical tokenizer of fast-forward, llguidance's view of the
     # vocabulary) are paid here, not by the first request's cd.
     for kind in ("json", "regex"):
@@ -235,7 +257,8 @@ def main() -> None:
             # the first method of the row does not pay for it alone.
             at.generate(lm, chat([{"role": "user", "content": req.prompt}]) if req.chat
                         else req.prompt, None, method="unconstrained", max_new_tokens=1)
-            got = {m: run(lm, req, n, m, args.json_whitespace, args.end, args.max_seconds, chat)
+            got = {m: pooled([run(lm, req, n, m, args.json_whitespace, args.end,
+                                      args.max_seconds, chat, seed) for seed in seeds])
                    for m in labels}
             base = got["cd"]["cpu"]
             crossed += [(req.name, x) for x in got["cd"].get("crossing", [])]
@@ -246,9 +269,9 @@ def main() -> None:
                 ratios[m, n].append(ratio)
                 if "error" in r:
                     cells.append(f"{ratio:.1f} {r['error']}")
-                    short[m] += n
+                    short[m] += n * len(seeds)
                     continue
-                short[m] += n - r["complete"] if m != "unconstrained" else 0
+                short[m] += n * len(seeds) - r["complete"] if m != "unconstrained" else 0
                 cells.append(f"{ratio:.2f}, {r['calls']}, {r['complete']}, {r['fallback']}")
             print(f"| {req.name} | {n} | {base:.1f} | {got['cd']['s']:.1f} | "
                   + " | ".join(cells) + " |", flush=True)

@@ -220,6 +220,20 @@ def test_the_fallback_samples_are_cds():
     assert abs(share - 0.5) < 4.5 * math.sqrt(0.25 / len(drawn))
 
 
+def test_the_fallback_tries_again_past_a_dead_end():
+    """CD walks into "aa", which cannot finish within 4 tokens, with probability 3/4; the
+    fallback's later walks mask the dead ends they met and answer "b" (docs/design.md §6),
+    where the ``cd`` method returns the dead end."""
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
+    c = at.constraints.choice(["aaaaa", "b"])
+    cd = at.generate(lm, [], c, method="cd", n=40, seed=0, max_new_tokens=4, end="eos")
+    assert 0 < sum(not s.complete for s in cd.samples) < 40
+    with pytest.warns(at.SearchFallbackWarning):
+        res = at.generate(lm, [], c, method="exact", n=40, seed=0, max_nodes=2,
+                          max_new_tokens=4, end="eos")
+    assert all(s.fallback and s.complete and s.text == "b" for s in res.samples)
+
+
 # --- JSON whitespace -----------------------------------------------------------------------
 
 

@@ -42,6 +42,11 @@ SEARCHES = ("asap", "adaptrack", "exact")
 #: ``"cd"``, or None to raise the budget's :class:`~adaptrack.SearchLimitError`.
 FALLBACKS = ("cd", None)
 
+#: Walks a fallback sample may take from the root: CD walks into a dead end near the length
+#: limit where a search ran out of budget (a long string that cannot close in time); each
+#: new walk masks the dead ends met before, so the answer is a text that finishes.
+FALLBACK_TRIES = 4
+
 #: Walks in flight over one shared Q with ``parallel=True`` (the default of ``exact``): a
 #: fixed number, not ``batch_size``, so that the batch size changes no sample.
 PARALLEL_WALKS = 32
@@ -366,7 +371,8 @@ class _Call:
         fallback = None
         if self.fallback == "cd":
             def fallback() -> Method:
-                return ConstrainedDecoding(self.tree, self.sampler.greedy)
+                return ConstrainedDecoding(self.tree, self.sampler.greedy,
+                                           tries=FALLBACK_TRIES)
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
                                      fallback=fallback, fallback_width=batch_size)
         return self.request

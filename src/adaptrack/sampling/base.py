@@ -42,6 +42,8 @@ class Method:
     parallel = False
     #: How many of its walks the engine runs at once (set by ``Engine.submit``).
     width = 1
+    #: Walks from the root one sample may take (CD as a fallback tries past dead ends).
+    tries = 1
     eager_chains = True
     forces_chains = False
 

@@ -4,6 +4,11 @@ never look back (docs/design.md §3).
 P_con(s_i | s_<i) ∝ P(s_i | s_<i) · 1[s_i ∈ C(s_<i)]. It never fails on a constraint with no
 dead ends; when it walks into one (a prefix that cannot finish within max_new_tokens) it
 returns that prefix as an incomplete sample, as docs/design.md §2 specifies.
+
+As the searches' fallback (docs/design.md §6) it may take ``tries`` walks for one sample:
+a walk that meets a dead end starts again from the root with that prefix masked wherever
+it meets it, and the first complete walk is the sample (the last dead end if none is), so
+that a fallback near the length limit still answers with a text that finishes.
 """
 
 from __future__ import annotations
@@ -27,20 +32,42 @@ class ConstrainedDecoding(Method):
 
     forces_chains = True  # CD conditions on its own path anyway: take the fewest calls
 
-    def __init__(self, tree: PrefixTree, greedy: bool) -> None:
-        """CD over ``tree``; ``greedy``: take the argmax (temperature 0)."""
+    def __init__(self, tree: PrefixTree, greedy: bool, *, tries: int = 1) -> None:
+        """CD over ``tree``; ``greedy``: take the argmax (temperature 0); ``tries``: walks a
+        sample may take past dead ends (1: the paper's CD)."""
         super().__init__(tree, greedy)
+        self.tries = tries
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
-        node = self.tree.root
-        while not node.complete:
-            exp = yield from self.expand(node)
-            self.used(seen, node)
-            if len(exp.ids) == 0:
-                if node is self.tree.root:
+        root = self.tree.root
+        dead: dict[int, set[int]] = {}  # id(prefix) -> tokens after it that met a dead end
+        end = root
+        for _ in range(self.tries):
+            node = root
+            while not node.complete:
+                exp = yield from self.expand(node)
+                self.used(seen, node)
+                if len(exp.ids) == 0 and node is root:
                     raise self.empty_language()
-                return node  # a dead end: incomplete, marked as such
-            # P_con(s_i | s_<i) ∝ P(s_i | s_<i) over the valid tokens exp.ids
-            i = argmax(exp.p) if self.greedy else draw(exp.p, rng)
-            node = self.tree.child(node, int(exp.ids[i]))
-        return node
+                # P_con(s_i | s_<i) ∝ P(s_i | s_<i) over the valid tokens exp.ids
+                p = _without(exp.p, exp.ids, dead.get(id(node)))
+                if not p.any():  # a dead end: incomplete, marked as such if the last try
+                    break
+                i = argmax(p) if self.greedy else draw(p, rng)
+                node = self.tree.child(node, int(exp.ids[i]))
+            else:
+                return node
+            if node is root:
+                break  # every way on from the root met a dead end
+            assert node.parent is not None and node.token is not None
+            dead.setdefault(id(node.parent), set()).add(node.token)
+            end = node
+            self.restarts += 1
+        return end
+
+
+def _without(p: np.ndarray, ids: np.ndarray, tokens: set[int] | None) -> np.ndarray:
+    """``p`` with the entries of ``tokens`` (ids in ``ids``) set to 0."""
+    if not tokens:
+        return p
+    return np.where(np.isin(ids, list(tokens)), 0.0, p)

@@ -256,13 +256,13 @@ class Engine:
         if (fall_back and req.fallback is not None and req.fell_back is None
                 and isinstance(err, SearchLimitError)
                 and not isinstance(err, CheckTimeoutError)):
-            # The fallback draws at most max_new_tokens prefixes a sample: its own bound,
+            # The fallback draws at most max_new_tokens prefixes a walk: its own bound,
             # so the search's budgets, spent, no longer apply to the tree.
-            tree = req.tree
+            tree, method = req.tree, req.fallback()
             tree.max_seconds = None
             tree.max_nodes = max(tree.max_nodes, tree.num_nodes
-                                 + len(missing) * (tree.max_new_tokens + 1))
-            req.method, req.width = req.fallback(), req.fallback_width
+                                 + len(missing) * method.tries * (tree.max_new_tokens + 1))
+            req.method, req.width = method, req.fallback_width
             req.fell_back, req.fallen, req._redo = err, set(missing), missing
             req.started = req.n
             return
