@@ -110,7 +110,7 @@ def check_seconds(max_seconds: Any) -> float | None:
 class Flag:
     """How an option is spelled on the command line; ``adaptrack.cli.common`` makes the
     argparse flag from it. ``reads`` says what the flag takes: ``"count"`` (an int >= 1),
-    ``"natural"`` (an int >= 0), ``"temperature"`` (a finite number >= 0),
+    ``"natural"`` (an int >= 0), ``"non_negative"`` (a finite number >= 0),
     ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]), ``"seconds"`` (> 0,
     ``inf`` for None), ``"choice"`` (one of ``choices``; ``"none"`` stands for None),
     ``"walks"`` (``auto``, ``on``, ``off`` or a count), ``"switch"`` (present: True) or
@@ -150,7 +150,7 @@ class SamplingOptions:
     n: int = field(default=1, metadata=_flag(
         "-n", "count", "number of samples (default: 1)"))
     temperature: float = field(default=1.0, metadata=_flag(
-        "--temperature", "temperature", "sampling temperature; 0 is greedy (default: 1.0)",
+        "--temperature", "non_negative", "sampling temperature; 0 is greedy (default: 1.0)",
         metavar="T"))
     top_p: float = field(default=1.0, metadata=_flag(
         "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: 1.0)",
@@ -248,9 +248,9 @@ class SamplingOptions:
                              f"{self.min_backtrack_prob}")
         self._set("min_backtrack_prob", share)
         self._set("max_seconds", check_seconds(self.max_seconds))
-        self._checked_rest()
+        self._check_choices()
 
-    def _checked_rest(self) -> None:
+    def _check_choices(self) -> None:
         if not isinstance(self.end, str) or self.end not in END_POLICIES:
             raise ValueError(f"end must be one of {', '.join(map(repr, END_POLICIES))} (where "
                              f"an accepted text ends: docs/design.md §2), got {self.end!r}")

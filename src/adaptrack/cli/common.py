@@ -244,7 +244,7 @@ def stdout_to_stderr() -> Iterator[None]:
 
 #: The argument type of each kind of value a :class:`~adaptrack.options.Flag` reads.
 _READS: dict[str, Callable[[str], Any]] = {
-    "count": positive_int, "natural": non_negative_int, "temperature": non_negative_float,
+    "count": positive_int, "natural": non_negative_int, "non_negative": non_negative_float,
     "probability": probability, "fraction": fraction, "seconds": seconds, "walks": walks,
 }
 
