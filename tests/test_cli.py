@@ -606,12 +606,13 @@ def _recording_generate(monkeypatch) -> list[dict]:
 def test_truncate_prompt_and_max_seconds(capsys, loads, monkeypatch):
     calls = _recording_generate(monkeypatch)
     assert run(capsys, "generate", "--prompt", "a")[0] == 0
-    assert "truncate_prompt" not in calls[-1] and "max_seconds" not in calls[-1]
+    assert calls[-1]["options"] == adaptrack.SamplingOptions()  # the library's defaults
     assert run(capsys, "generate", "--prompt", "a", "--truncate-prompt",
                "--max-seconds", "2.5")[0] == 0
-    assert calls[-1]["truncate_prompt"] is True and calls[-1]["max_seconds"] == 2.5
+    opts = calls[-1]["options"]
+    assert opts.truncate_prompt is True and opts.max_seconds == 2.5
     assert run(capsys, "generate", "--prompt", "a", "--max-seconds", "inf")[0] == 0
-    assert calls[-1]["max_seconds"] is None  # no budget
+    assert calls[-1]["options"].max_seconds is None  # no budget
 
 
 def _failing_generate(monkeypatch, partial: GenerationResult | None) -> None:

@@ -36,6 +36,7 @@ from .generate import (
     generate_each,
 )
 from .lm import LanguageModel, TableLM, load_model
+from .options import SamplingOptions
 from .sampling.fastforward import FastForward
 from .tokenization.tokenizer import Tokenizer
 from .tokenization.vocab import Vocabulary
@@ -58,6 +59,7 @@ __all__ = [
     "NoValidSequenceError",
     "PromptTooLongError",
     "Sample",
+    "SamplingOptions",
     "SearchFallbackWarning",
     "SearchLimitError",
     "SearchTimeoutError",

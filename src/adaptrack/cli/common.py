@@ -1,6 +1,7 @@
 """What the commands share: the one-line usage error, argument types that reject bad values
-at parse time (before any model is loaded), reading text files and stdin, the constraint
-options of ``generate``, and JSON-safe numbers.
+at parse time (before any model is loaded), reading text files and stdin, the sampling
+options of ``generate`` (flags generated from :class:`~adaptrack.options.SamplingOptions`),
+its constraint options, and JSON-safe numbers.
 
 >>> non_negative_int("3"), probability("0.5"), seconds("inf")
 (3, 0.5, None)
@@ -20,9 +21,11 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields
 from typing import Any, NoReturn
 
 from .. import constraints
+from ..options import ADAPTRACK_ONLY, Flag, SamplingOptions
 from ..serve.constraint_spec import ConstraintSpec
 
 USAGE_ERROR = 2
@@ -103,6 +106,32 @@ def probability(text: str) -> float:
     value = _float(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1]."""
+    value = _float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def walks(text: str) -> bool | int | None:
+    """Walks in flight: ``auto`` (None), ``on`` (True), ``off`` (False) or a count >= 1.
+
+    >>> walks("auto"), walks("on"), walks("8")
+    (None, True, 8)
+    """
+    named = {"auto": None, "on": True, "off": False}
+    if text in named:
+        return named[text]
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be auto, on, off or a number >= 1, got {text}")
     return value
 
 
@@ -209,6 +238,93 @@ def stdout_to_stderr() -> Iterator[None]:
             sys.stderr.flush()
             os.dup2(saved, fd)
             os.close(saved)
+
+
+# -- sampling options (generate): one flag per field of SamplingOptions -----------------
+
+#: The argument type of each kind of value a :class:`~adaptrack.options.Flag` reads.
+_READS: dict[str, Callable[[str], Any]] = {
+    "count": positive_int, "natural": non_negative_int, "non_negative": non_negative_float,
+    "probability": probability, "fraction": fraction, "seconds": seconds, "walks": walks,
+}
+
+
+def _flags() -> list[tuple[str, Flag, Any]]:
+    """Each option: its name, its flag and its default."""
+    return [(f.name, f.metadata["flag"], f.default) for f in fields(SamplingOptions)]
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of :class:`~adaptrack.options.SamplingOptions`, made from its
+    :class:`~adaptrack.options.Flag` (its spelling, help and what it reads), with the
+    field's default; :func:`sampling_options` reads them back.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_sampling_arguments(parser)
+    >>> args = parser.parse_args(["--top-p", "0.9", "--no-fast-forward", "--fallback", "none"])
+    >>> opts = sampling_options(args)
+    >>> opts.top_p, opts.fast_forward, opts.fallback, opts.method
+    (0.9, False, None, 'adaptrack')
+    """
+    for name, flag, default in _flags():
+        if flag.reads in ("switch", "negated"):
+            parser.add_argument(flag.name, dest=name, help=flag.help, default=default,
+                                action="store_true" if flag.reads == "switch"
+                                else "store_false")
+        elif flag.reads == "choice":
+            parser.add_argument(flag.name, dest=name, help=flag.help,
+                                choices=list(flag.choices),
+                                default="none" if default is None else default)
+        else:
+            parser.add_argument(flag.name, dest=name, help=flag.help, default=default,
+                                type=_READS[flag.reads], metavar=flag.metavar)
+
+
+def sampling_options(args: argparse.Namespace) -> SamplingOptions:
+    """The :class:`~adaptrack.options.SamplingOptions` that the flags of
+    :func:`add_sampling_arguments` give; a ``UsageError`` naming the flag when they do not
+    go together."""
+    values = {name: getattr(args, name) for name, _, _ in _flags()}
+    if values["fallback"] == "none":
+        values["fallback"] = None
+    given = [flag.name for name, flag, default in _flags()
+             if name in ADAPTRACK_ONLY and values[name] != default]
+    if given and values["method"] != "adaptrack":
+        raise UsageError(f"{given[0]} applies to --method adaptrack only")
+    try:
+        return SamplingOptions(**values)
+    except (TypeError, ValueError) as err:
+        raise UsageError(one_line(err)) from None
+
+
+def _spelling(flag: Flag, value: Any) -> str:
+    if value is None:
+        return {"choice": "none", "seconds": "inf", "walks": "auto"}[flag.reads]
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def sampling_argv(options: SamplingOptions) -> list[str]:
+    """The flags that give ``options`` (those not at their default), the inverse of
+    :func:`sampling_options`. ``FastForward(...)`` options have no spelling (a
+    ``ValueError``): the command line says only whether to fast-forward.
+
+    >>> sampling_argv(SamplingOptions(method="exact", n=5, max_seconds=None))
+    ['--method', 'exact', '-n', '5', '--max-seconds', 'inf']
+    """
+    argv: list[str] = []
+    for name, flag, default in _flags():
+        value = getattr(options, name)
+        if type(value) is type(default) and value == default:
+            continue
+        if flag.reads in ("switch", "negated"):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} has no command-line spelling")
+            argv.append(flag.name)
+        else:
+            argv += [flag.name, _spelling(flag, value)]
+    return argv
 
 
 # -- constraint options (generate) --------------------------------------------------------

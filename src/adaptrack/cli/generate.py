@@ -18,28 +18,17 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..errors import AdaptrackError, PromptTooLongError, SearchTimeoutError
-from ..generate import (
-    MAX_SECONDS,
-    METHODS,
-    GenerationResult,
-    Sample,
-    SearchFallbackWarning,
-    generate,
-)
+from ..generate import GenerationResult, Sample, SearchFallbackWarning, generate
 from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
-from ..sampling.tree import END_POLICIES
 from .common import (
     UsageError,
     add_constraint_arguments,
+    add_sampling_arguments,
     constraint_from_args,
-    non_negative_float,
-    non_negative_int,
     number,
     one_line,
-    positive_int,
-    probability,
     read_text,
-    seconds,
+    sampling_options,
     utf8_text,
 )
 
@@ -67,72 +56,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prompt.add_argument("--prompt-file", metavar="PATH",
                         help="read the prompt from a file, used verbatim (a final newline "
                              "included); '-' reads stdin")
-    parser.add_argument("--truncate-prompt", action="store_true",
-                        help="when the prompt and --max-new-tokens exceed the model's context, "
-                             "keep the prompt's last tokens (default: stop with an error)")
     add_constraint_arguments(parser)
-    parser.add_argument("--method", choices=list(METHODS), default="adaptrack",
-                        help="sampling method (default: adaptrack)")
-    parser.add_argument("-n", type=positive_int, default=1,
-                        help="number of samples (default: 1)")
-    parser.add_argument("--temperature", type=non_negative_float, default=1.0, metavar="T",
-                        help="sampling temperature; 0 is greedy (default: 1.0)")
-    parser.add_argument("--top-p", type=probability, default=1.0, metavar="P",
-                        help="nucleus sampling mass in (0, 1] (default: 1.0)")
-    parser.add_argument("--seed", type=non_negative_int, metavar="INT",
-                        help="random seed, >= 0 (the same seed, the same samples)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
-                        help="most tokens per sample (default: 64)")
-    parser.add_argument("--max-seconds", type=seconds, metavar="S", default=argparse.SUPPRESS,
-                        help=f"time budget of the search in seconds, 'inf' for none "
-                             f"(default: {MAX_SECONDS:g}); past it the command stops with an "
-                             "error after printing the finished samples")
-    parser.add_argument("--end", choices=END_POLICIES, default="leave",
-                        help="where a text the constraint accepts ends: 'leave', where the "
-                             "model's next token cannot continue it (EOS or any token the "
-                             "constraint rejects); 'eos', only at EOS, the AdapTrack paper's "
-                             "target (default: leave)")
-    parser.add_argument("--fallback", choices=("cd", "none"), default="cd",
-                        help="when a search (asap, adaptrack, exact) runs past a budget: 'cd' "
-                             "draws the missing samples by CD, marked 'fallback' (not the "
-                             "method's distribution); 'none' stops with an error after "
-                             "printing the finished samples (default: cd)")
-    parser.add_argument("--no-fast-forward", action="store_true",
-                        help="feed bytes the constraint forces token by token instead of as "
-                             "their canonical tokens in one model call")
-    parser.add_argument("--share-q", action="store_true",
-                        help="share AdapTrack's learned valid-mass estimates across samples "
-                             "(--method adaptrack only)")
+    add_sampling_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: samples, stats, model, method (and "
                              "error, when the run stopped early)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.share_q and args.method != "adaptrack":
-        raise UsageError("--share-q applies to --method adaptrack only")
+    options = sampling_options(args)
     prompt = (args.prompt if args.prompt is not None
               else read_text(args.prompt_file, "prompt file", "--prompt-file"))
     constraint = constraint_from_args(args)
-    # Passed only when given, so that the library's defaults apply otherwise.
-    budget: dict[str, Any] = {}
-    if args.truncate_prompt:
-        budget["truncate_prompt"] = True
-    if "max_seconds" in vars(args):
-        budget["max_seconds"] = args.max_seconds
     lm = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
     model = str(getattr(lm, "name", None) or args.model or "default")
-    on_sample, close = _progress(args.n)
+    on_sample, close = _progress(options.n)
     try:
         with warnings.catch_warnings():  # the result printed says what the fallback drew
             warnings.simplefilter("ignore", SearchFallbackWarning)
-            res = generate(lm, prompt, constraint, method=args.method, n=args.n,
-                           temperature=args.temperature, top_p=args.top_p,
-                           max_new_tokens=args.max_new_tokens, seed=args.seed,
-                           share_q=args.share_q, on_sample=on_sample,
-                           fast_forward=not args.no_fast_forward, end=args.end,
-                           fallback=None if args.fallback == "none" else args.fallback,
-                           **budget)
+            res = generate(lm, prompt, constraint, on_sample=on_sample, options=options)
     except AdaptrackError as err:
         message = one_line(err) + _options_hint(err)
         partial = getattr(err, "partial", None)
@@ -140,12 +82,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(message) from None
         close()
         error = f"{type(err).__name__}: {message}"
-        print_result(partial, model, args.method, args.json, sys.stdout, error=error)
-        raise UsageError(f"{message} ({len(partial.samples)} of {args.n} samples "
+        print_result(partial, model, options.method, args.json, sys.stdout, error=error)
+        raise UsageError(f"{message} ({len(partial.samples)} of {options.n} samples "
                          "finished, printed on stdout)") from None
     finally:
         close()
-    print_result(res, model, args.method, args.json, sys.stdout)
+    print_result(res, model, options.method, args.json, sys.stdout)
     return 0
 
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..constraints.base import Constraint
 from ..errors import GrammarError, PromptTooLongError
-from ..generate import METHODS, PreparedCall, prepare
+from ..generate import PreparedCall, prepare
 from ..lm.base import LanguageModel
+from ..options import SamplingOptions
 from .constraint_spec import ConstraintSpec
 from .errors import APIError, bad, error_for
 from .protocol import (
@@ -48,15 +49,12 @@ ChatTemplate = Callable[[list[dict[str, str]]], "str | list[int]"]
 
 @dataclass
 class Options:
-    """A parsed request: the prompts' token ids and what :func:`prepare_calls` needs."""
+    """A parsed request: the prompts' token ids, its :class:`SamplingOptions` (checked there,
+    as every caller of the library's are) and the server's own fields."""
 
     kind: str  # "completion" or "chat"
     prompts: list[list[int]]
-    n: int = 1
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
+    sampling: SamplingOptions
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     stream: bool = False
@@ -65,14 +63,20 @@ class Options:
     constraint_field: str | None = None
     #: What identifies the constraint (its field and value): part of the tree cache's key.
     constraint_key: Hashable = None
-    method: str = "unconstrained"
-    share_q: bool = False
-    max_backtrack: int | None = None
-    fast_forward: bool = True
-    end: str = "leave"
-    fallback: str | None = "cd"
-    #: The search's time budget (None: the server's); past it the fallback answers.
+    #: The request's own time budget (None: the server's); it can only lower the server's.
     max_seconds: float | None = None
+
+    @property
+    def n(self) -> int:
+        return self.sampling.n
+
+    @property
+    def method(self) -> str:
+        return self.sampling.method
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_new_tokens
 
     @property
     def prompt_field(self) -> str:
@@ -83,13 +87,12 @@ class Options:
         constraint, temperature (0 keeps the model's own distribution, as 1 does), top_p,
         max_new_tokens, fast-forward (forced or prefilled, by method), and whether the walk
         is unconstrained."""
-        unconstrained = self.method == "unconstrained"
-        ff = self.fast_forward and not unconstrained
+        s = self.sampling
+        unconstrained = s.method == "unconstrained"
         # The constraint stays in the key when unconstrained: its terminators end the walk.
-        return (tuple(ids), self.constraint_key,
-                self.temperature or 1.0, self.top_p, self.max_tokens,
-                ff, ff and METHODS[self.method].forces_chains, unconstrained,
-                unconstrained or self.end)
+        return (tuple(ids), self.constraint_key, s.temperature or 1.0, s.top_p,
+                s.max_new_tokens, None if unconstrained else s.chains(), unconstrained,
+                unconstrained or s.end)
 
 
 def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None = None,
@@ -126,12 +129,18 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
         max_tokens = DEFAULT_MAX_TOKENS[kind]
         if context is not None:  # fit the default to the context; a given one is checked
             max_tokens = max(1, min(max_tokens, context - max(len(p) for p in prompts)))
-    return Options(kind, prompts, req.n, max_tokens, req.temperature, req.top_p, req.seed,
-                   req.stop, req.logprobs is not None and req.logprobs is not False,
-                   req.stream, req.include_usage, constraint, req.constraint_field,
-                   None if spec is None else spec.key, req.method, req.share_q,
-                   req.max_backtrack, req.fast_forward, req.end,
-                   None if req.fallback == "none" else req.fallback, req.max_seconds)
+    try:
+        sampling = SamplingOptions(
+            method=req.method, n=req.n, temperature=req.temperature, top_p=req.top_p,
+            max_new_tokens=max_tokens, seed=req.seed, fast_forward=req.fast_forward,
+            share_q=req.share_q, max_backtrack=req.max_backtrack, end=req.end,
+            fallback=None if req.fallback == "none" else req.fallback)
+    except (TypeError, ValueError) as err:  # the request model's bounds make this rare
+        raise error_for(err) from None
+    return Options(kind, prompts, sampling, req.stop,
+                   req.logprobs is not None and req.logprobs is not False, req.stream,
+                   req.include_usage, constraint, req.constraint_field,
+                   None if spec is None else spec.key, req.max_seconds)
 
 
 def constraint_spec(req: BaseRequest) -> ConstraintSpec | None:
@@ -229,14 +238,14 @@ def prepare_calls(lm: LanguageModel, opts: Options, **budgets: Any) -> list[Prep
     if opts.max_seconds is not None:
         cap = budgets.get("max_seconds")
         budgets["max_seconds"] = opts.max_seconds if cap is None else min(cap, opts.max_seconds)
+    try:
+        options = replace(opts.sampling, **budgets)
+    except TypeError as err:
+        raise TypeError(f"prepare_calls() got an unknown budget: {err}") from None
     calls = []
     for ids in opts.prompts:
         try:
-            calls.append(prepare(
-                lm, ids, opts.constraint, opts.method, opts.n, opts.temperature, opts.top_p,
-                opts.max_tokens, opts.seed, opts.fast_forward, share_q=opts.share_q,
-                max_backtrack=opts.max_backtrack, end=opts.end, fallback=opts.fallback,
-                **budgets))
+            calls.append(prepare(lm, ids, opts.constraint, options=options))
         except PromptTooLongError as err:
             too_long = lm.context_length is not None and opts.max_tokens >= lm.context_length
             raise error_for(err, "max_tokens" if too_long else opts.prompt_field) from None

@@ -1,0 +1,340 @@
+"""The sampling options of one ``generate`` call, declared once (docs/design.md §4, §6).
+
+:class:`SamplingOptions` is a frozen object that checks its values when it is made, with the
+errors :func:`adaptrack.generate` raises for bad arguments (``TypeError`` for a wrong type,
+``ValueError`` for a value out of range, each naming the option). ``generate``,
+``generate_each``, ``prepare`` and ``exact_distribution`` build one from their keyword
+arguments (or take one as ``options=``), the server from its request model, and the
+command line from flags generated from the fields (each field's :class:`Flag`, in
+``dataclasses.fields(SamplingOptions)[i].metadata["flag"]``).
+
+>>> opts = SamplingOptions(method="exact", n=4, temperature=0.5)
+>>> opts.n, opts.max_new_tokens, opts.chains(forces=False)
+(4, 64, FastForward(max_tokens=4, conservative=False, tokenizer=None, force=False))
+>>> SamplingOptions(top_p=0)
+Traceback (most recent call last):
+ValueError: top_p must be in (0, 1], got 0
+>>> SamplingOptions(method="cd", share_q=True)
+Traceback (most recent call last):
+ValueError: share_q, max_backtrack and min_backtrack_prob apply to method='adaptrack' only
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .sampling.adaptrack import AdapTrack
+from .sampling.asap import ASAp
+from .sampling.base import Method
+from .sampling.cd import ConstrainedDecoding
+from .sampling.exact import Exact
+from .sampling.fastforward import FastForward
+from .sampling.tree import END_POLICIES
+from .sampling.unconstrained import Unconstrained
+
+METHODS: dict[str, type[Method]] = {
+    "unconstrained": Unconstrained,
+    "cd": ConstrainedDecoding,
+    "asap": ASAp,
+    "adaptrack": AdapTrack,
+    "exact": Exact,
+}
+
+#: Methods that sample the target conditioned on ending within ``max_new_tokens``: without a
+#: constraint they search for free text that stops that early (docs/design.md §2, §6).
+SEARCHES = ("asap", "adaptrack", "exact")
+
+#: What draws a search's missing samples once it runs past a budget (docs/design.md §6):
+#: ``"cd"``, or None to raise the budget's :class:`~adaptrack.SearchLimitError`.
+FALLBACKS = ("cd", None)
+
+#: Walks a fallback sample may take from the root: CD walks into a dead end near the length
+#: limit where a search ran out of budget (a long string that cannot close in time); each
+#: new walk masks the dead ends met before, so the answer is a text that finishes.
+FALLBACK_TRIES = 4
+
+#: Walks in flight over one shared Q with ``parallel=True`` (the default of ``exact``): a
+#: fixed number, not ``batch_size``, so that the batch size changes no sample.
+PARALLEL_WALKS = 32
+
+#: The default time budget of one ``generate`` call, in seconds: far past the runs in
+#: docs/benchmarks.md (a TFv1 prompt with n = 20 takes seconds on a CPU), short enough that a
+#: search that cannot succeed stops within minutes with ``SearchTimeoutError``.
+MAX_SECONDS = 600.0
+
+#: More samples than this in one call is refused: each one is kept in memory until the end.
+MAX_N = 10_000_000
+
+#: The options only AdapTrack reads.
+ADAPTRACK_ONLY = ("share_q", "max_backtrack", "min_backtrack_prob")
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum``, else the error naming ``name``.
+
+    >>> check_int("n", 0, 1)
+    Traceback (most recent call last):
+    ValueError: n must be at least 1, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        bound = ">= 0" if minimum == 0 else f"at least {minimum}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def check_real(name: str, value: Any) -> float:
+    """``value`` as a float (any real number but a bool), else a ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` when it is True or False, else a ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_seconds(max_seconds: Any) -> float | None:
+    """A time budget: a number > 0, None or ``inf`` for no limit (both give None)."""
+    if max_seconds is None:
+        return None
+    seconds = check_real("max_seconds", max_seconds)
+    if not seconds > 0:  # also refuses nan; inf means no limit
+        raise ValueError(f"max_seconds must be > 0 or None (no limit), got {max_seconds}")
+    return None if math.isinf(seconds) else seconds
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How an option is spelled on the command line; ``adaptrack.cli.common`` makes the
+    argparse flag from it. ``reads`` says what the flag takes: ``"count"`` (an int >= 1),
+    ``"natural"`` (an int >= 0), ``"non_negative"`` (a finite number >= 0),
+    ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]), ``"seconds"`` (> 0,
+    ``inf`` for None), ``"choice"`` (one of ``choices``; ``"none"`` stands for None),
+    ``"walks"`` (``auto``, ``on``, ``off`` or a count), ``"switch"`` (present: True) or
+    ``"negated"`` (present: False)."""
+
+    name: str
+    reads: str
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _flag(name: str, reads: str, help: str, *, metavar: str | None = None,
+          choices: tuple[str, ...] = ()) -> dict[str, Flag]:
+    return {"flag": Flag(name, reads, help, metavar, choices)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """What one prompt of :func:`adaptrack.generate` is sampled with, checked once when it is
+    made: the method, ``n``, the model's distribution (``temperature``, ``top_p``), the
+    length (``max_new_tokens``, ``truncate_prompt``, ``allow_truncated``, ``end``),
+    fast-forward, AdapTrack's options, the walks in flight (``parallel``) and the budgets
+    with their ``fallback`` (docs/design.md §6). :func:`adaptrack.generate` documents each
+    option. Numbers are stored as ``int`` and ``float``, ``max_seconds=inf`` as None.
+
+    >>> SamplingOptions(n=2.0)
+    Traceback (most recent call last):
+    TypeError: n must be an int, got 2.0 (float)
+    >>> SamplingOptions(max_seconds=float("inf")).max_seconds is None
+    True
+    """
+
+    method: str = field(default="adaptrack", metadata=_flag(
+        "--method", "choice", "sampling method (default: adaptrack)",
+        choices=tuple(METHODS)))
+    n: int = field(default=1, metadata=_flag(
+        "-n", "count", "number of samples (default: 1)"))
+    temperature: float = field(default=1.0, metadata=_flag(
+        "--temperature", "non_negative", "sampling temperature; 0 is greedy (default: 1.0)",
+        metavar="T"))
+    top_p: float = field(default=1.0, metadata=_flag(
+        "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: 1.0)",
+        metavar="P"))
+    seed: int | None = field(default=None, metadata=_flag(
+        "--seed", "natural", "random seed, >= 0 (the same seed, the same samples)",
+        metavar="INT"))
+    max_new_tokens: int = field(default=64, metadata=_flag(
+        "--max-new-tokens", "count", "most tokens per sample (default: 64)", metavar="N"))
+    truncate_prompt: bool = field(default=False, metadata=_flag(
+        "--truncate-prompt", "switch",
+        "when the prompt and --max-new-tokens exceed the model's context, keep the prompt's "
+        "last tokens (default: stop with an error)"))
+    allow_truncated: bool = field(default=False, metadata=_flag(
+        "--allow-truncated", "switch",
+        "a valid prefix that reaches --max-new-tokens ends its sample, marked incomplete "
+        "(default: the searches sample text that ends within --max-new-tokens)"))
+    end: str = field(default="leave", metadata=_flag(
+        "--end", "choice",
+        "where a text the constraint accepts ends: 'leave', where the model's next token "
+        "cannot continue it (EOS or any token the constraint rejects); 'eos', only at EOS, "
+        "the AdapTrack paper's target (default: leave)", choices=END_POLICIES))
+    fast_forward: bool | FastForward = field(default=True, metadata=_flag(
+        "--no-fast-forward", "negated",
+        "feed bytes the constraint forces token by token instead of as their canonical "
+        "tokens in one model call"))
+    share_q: bool = field(default=False, metadata=_flag(
+        "--share-q", "switch",
+        "share AdapTrack's learned valid-mass estimates across samples (--method adaptrack "
+        "only)"))
+    max_backtrack: int | None = field(default=None, metadata=_flag(
+        "--max-backtrack", "natural",
+        "AdapTrack backtracks at most this many tokens (--method adaptrack only; not exact; "
+        "default: no limit)", metavar="N"))
+    min_backtrack_prob: float = field(default=0.0, metadata=_flag(
+        "--min-backtrack-prob", "fraction",
+        "AdapTrack backtracks only where the valid mass dropped by at least this fraction "
+        "(--method adaptrack only; not exact; default: 0)", metavar="P"))
+    parallel: bool | int | None = field(default=None, metadata=_flag(
+        "--parallel", "walks",
+        f"walks in flight over one shared Q (exact; asap, adaptrack --share-q): 'on' "
+        f"({PARALLEL_WALKS}), 'off' (one at a time), a number, or 'auto', the method's "
+        "default: on for exact, off otherwise (default: auto)", metavar="WALKS"))
+    max_nodes: int = field(default=100_000, metadata=_flag(
+        "--max-nodes", "count",
+        "budget: most prefixes in the search tree (default: 100000)", metavar="N"))
+    max_cache_bytes: int = field(default=1 << 30, metadata=_flag(
+        "--max-cache-bytes", "natural",
+        "bytes of expansions kept as a cache: dropped ones are recomputed, samples unchanged "
+        f"(default: {1 << 30})", metavar="BYTES"))
+    max_opened_bytes: int = field(default=1 << 30, metadata=_flag(
+        "--max-opened-bytes", "natural",
+        f"budget: bytes of expansions the search holds (default: {1 << 30})",
+        metavar="BYTES"))
+    max_seconds: float | None = field(default=MAX_SECONDS, metadata=_flag(
+        "--max-seconds", "seconds",
+        f"time budget of the search in seconds, 'inf' for none (default: {MAX_SECONDS:g}); "
+        "past it the command stops with an error after printing the finished samples",
+        metavar="S"))
+    fallback: str | None = field(default="cd", metadata=_flag(
+        "--fallback", "choice",
+        "when a search (asap, adaptrack, exact) runs past a budget: 'cd' draws the missing "
+        "samples by CD, marked 'fallback' (not the method's distribution); 'none' stops with "
+        "an error after printing the finished samples (default: cd)", choices=("cd", "none")))
+
+    def __post_init__(self) -> None:
+        method = self.method
+        if not isinstance(method, str) or method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method != "adaptrack" and (self.share_q or self.max_backtrack is not None
+                                      or self.min_backtrack_prob):
+            raise ValueError(f"{', '.join(ADAPTRACK_ONLY[:-1])} and {ADAPTRACK_ONLY[-1]} "
+                             "apply to method='adaptrack' only")
+        self._set("n", self._n(self.n))
+        self._set("temperature", self._temperature(self.temperature))
+        top_p = check_real("top_p", self.top_p)
+        if not 0 < top_p <= 1:  # also refuses nan
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self._set("top_p", top_p)
+        for name, least in (("max_new_tokens", 1), ("max_nodes", 1)):
+            self._set(name, check_int(name, getattr(self, name), least))
+        if self.seed is not None:
+            self._set("seed", check_int("seed", self.seed, 0))
+        for name in ("share_q", "truncate_prompt", "allow_truncated"):
+            check_flag(name, getattr(self, name))
+        if self.parallel is not None and not isinstance(self.parallel, bool):
+            self._set("parallel", check_int("parallel", self.parallel, 1))
+        for name, least in (("max_cache_bytes", 0), ("max_opened_bytes", 0)):
+            self._set(name, check_int(name, getattr(self, name), least))
+        if self.max_backtrack is not None:
+            self._set("max_backtrack", check_int("max_backtrack", self.max_backtrack, 0))
+        share = check_real("min_backtrack_prob", self.min_backtrack_prob)
+        if not 0 <= share <= 1:
+            raise ValueError(f"min_backtrack_prob must be in [0, 1], got "
+                             f"{self.min_backtrack_prob}")
+        self._set("min_backtrack_prob", share)
+        self._set("max_seconds", check_seconds(self.max_seconds))
+        self._check_choices()
+
+    def _check_choices(self) -> None:
+        if not isinstance(self.end, str) or self.end not in END_POLICIES:
+            raise ValueError(f"end must be one of {', '.join(map(repr, END_POLICIES))} (where "
+                             f"an accepted text ends: docs/design.md §2), got {self.end!r}")
+        if self.fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be 'cd' or None (raise SearchLimitError), got "
+                             f"{self.fallback!r}")
+        if not isinstance(self.fast_forward, bool | FastForward):
+            raise TypeError(f"fast_forward must be True, False or FastForward(...), got "
+                            f"{self.fast_forward!r}")
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # normalising a frozen object while it is made
+
+    @staticmethod
+    def _n(n: Any) -> int:
+        if check_int("n", n, 1) > MAX_N:
+            raise ValueError(f"n must be at most {MAX_N:_}, got {n}; split the work into "
+                             "several calls")
+        return int(n)
+
+    @staticmethod
+    def _temperature(temperature: Any) -> float:
+        t = check_real("temperature", temperature)
+        if not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), "
+                             f"got {temperature}")
+        return t
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: each step takes the likeliest valid token."""
+        return self.temperature == 0
+
+    @property
+    def search_fallback(self) -> str | None:
+        """The fallback that applies: ``fallback`` for a search, None for the others (which
+        never run past a budget by searching)."""
+        return self.fallback if self.method in SEARCHES else None
+
+    def chains(self, forces: bool | None = None) -> FastForward | None:
+        """The fast-forward options of a tree (None: no chains); ``force=None`` becomes
+        ``forces``, by default the method's own choice (docs/design.md §2)."""
+        if self.fast_forward is False:
+            return None
+        ff = FastForward() if self.fast_forward is True else self.fast_forward
+        if ff.force is not None:
+            return ff
+        return replace(ff, force=METHODS[self.method].forces_chains if forces is None
+                       else forces)
+
+    @classmethod
+    def merged(cls, options: SamplingOptions | None, given: dict[str, Any],
+               caller: str) -> SamplingOptions:
+        """``options`` when given (then every option in ``given`` must be at its default),
+        else the options ``given``; ``caller`` names the function in the errors.
+
+        >>> SamplingOptions.merged(SamplingOptions(n=3), {"n": 1}, "generate").n
+        3
+        >>> SamplingOptions.merged(SamplingOptions(n=3), {"n": 2}, "generate")
+        Traceback (most recent call last):
+        TypeError: generate() got options= and the keyword option n=2: pass one or the other
+        """
+        if options is None:
+            try:
+                return cls(**given)
+            except TypeError as err:
+                if "unexpected keyword" in str(err):
+                    raise TypeError(f"{caller}() got an unknown argument: {err}") from None
+                raise
+        if not isinstance(options, SamplingOptions):
+            raise TypeError(f"options must be a SamplingOptions or None, got {options!r:.60}")
+        defaults = {f.name: f.default for f in fields(cls)}
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise TypeError(f"{caller}() got an unknown argument: {unknown[0]!r}")
+        changed = [k for k, v in given.items()
+                   if v is not defaults[k] and (type(v) is not type(defaults[k])
+                                                or v != defaults[k])]
+        if changed:
+            raise TypeError(f"{caller}() got options= and the keyword option {changed[0]}="
+                            f"{given[changed[0]]!r}: pass one or the other")
+        return options
