@@ -53,6 +53,15 @@ PERSON = {"type": "object", "properties": {
     "age": {"type": "integer", "minimum": 0, "maximum": 120}},
     "required": ["name", "age"], "additionalProperties": False}
 
+#: ``benchmarks/serve_load.py``'s request: compact JSON only, as vLLM's
+#: ``disable_any_whitespace`` asks; a chat model wants `": "` after every key.
+PERSON_STRICT = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "favourite_colour": {"enum": ["red", "green", "blue", "yellow"]}},
+    "required": ["name", "age", "favourite_colour"], "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False}}
+
 
 @dataclass
 class Request:
@@ -112,6 +121,9 @@ def requests(quick: bool, maskbench_tokens: int = 160) -> list[Request]:
         Request("person (raw)", "A person as JSON: ", False, "json", PERSON, 40),
         Request("person (chat)", "Give me a person as a JSON object with a name and an age.",
                 True, "json", PERSON, 40),
+        Request("person, colour, strict whitespace (chat)", "Describe fictional person number "
+                "0 as JSON with a name, an age and a favourite colour.", True, "json",
+                PERSON_STRICT, 48),
         Request("number 1-3 digits (raw)", "Number 3:", False, "regex", "[0-9]{1,3}", 6),
         Request("date (chat)", "What date is Christmas 2025? Answer as YYYY-MM-DD.", True,
                 "regex", r"\d{4}-\d{2}-\d{2}", 12),
@@ -195,6 +207,7 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in ("calls", "complete", "fallback"):
         out[k] = sum(r[k] for r in runs)
     out["texts"] = [t for r in runs for t in r["texts"]]
+    out["runs"] = runs
     out["crossing"] = [x for r in runs for x in r.get("crossing", [])]
     return out
 
@@ -277,7 +290,10 @@ def main() -> None:
                   + " | ".join(cells) + " |", flush=True)
             if args.texts:
                 for m in labels:
-                    print(f"    {m}: {got[m].get('texts')}", file=sys.stderr)
+                    for seed, r in zip(seeds, got[m].get("runs", []), strict=False):
+                        print(f"    {m}, seed {seed}: CPU {r['cpu']:.1f} s, {r.get('calls')} "
+                              f"calls, {r.get('fallback')} by the fallback: {r.get('texts')}",
+                              file=sys.stderr)
     print("\n| method | n | requests | median × cd | worst × cd |")
     print("|---|--:|--:|--:|--:|")
     for m in labels:

@@ -20,8 +20,9 @@ one or more SLIA problems (``--slia``, short prompts first), both as the DSL stu
 (A B C C B A …) with seeds 0, 1, … (``--repeat`` of them, the same for every variant);
 every run starts on a fresh tree, after one untimed ``cd`` sample (the prompt's KV state
 and the constraint's first masks). Columns per variant: attempts per sample (1 +
-rejections / n), model calls (prefixes evaluated), forward passes, CPU time and wall time,
-each the mean over the seeds, times also as a ratio to the first variant's; the everyday
+rejections / n; ± the standard error of the mean over the seeds), model calls (prefixes
+evaluated), forward passes, CPU time and wall time, each the mean over the seeds, times
+also as a ratio to the first variant's; the everyday
 table ends with ``cd``'s CPU time on the same seeds. CPU time is the process's (run with
 ``OMP_NUM_THREADS=1``): on a shared, loaded machine it is the work done.
 
@@ -112,6 +113,11 @@ def measure(lm: Any, name: str, prompt: Any, constraint: Any, n: int,
         if len(ok) < len(runs[m]):
             log(f"# {name}, {m}: {len(runs[m]) - len(ok)} runs failed")
         out[m] = {k: statistics.mean(x[k] for x in ok) for k in ok[0]}
+        attempts = [x["attempts"] for x in ok]
+        # The spread between seeds: a fall in attempts smaller than it is not a finding.
+        out[m]["se"] = statistics.stdev(attempts) / len(ok) ** 0.5 if len(ok) > 1 else 0.0
+        log(f"# {name}, {m}: attempts per sample by seed "
+            + ", ".join(f"{a:.2f}" for a in attempts))
     return out
 
 
@@ -138,8 +144,8 @@ def row(name: str, n: int, got: dict[str, Any], labels: list[str]) -> str:
             continue
         cpu = r["cpu"] / base["cpu"] if "cpu" in base else float("nan")
         wall = r["s"] / base["s"] if "s" in base else float("nan")
-        cells.append(f"{r['attempts']:.2f}, {r['calls']:.0f}, {r['passes']:.0f}, {r['cpu']:.2f} "
-                     f"({cpu:.2f}), {r['s']:.2f} ({wall:.2f})")
+        cells.append(f"{r['attempts']:.2f} ± {r['se']:.2f}, {r['calls']:.0f}, {r['passes']:.0f}, "
+                     f"{r['cpu']:.2f} ({cpu:.2f}), {r['s']:.2f} ({wall:.2f})")
     return f"| {name} | {n} | " + " | ".join(cells) + " |"
 
 
