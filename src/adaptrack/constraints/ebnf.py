@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GrammarError
-from .grammar import Grammar, _check, _source
+from .grammar.sources import Grammar, _check, _source
 
 KIND = "transformers-CFG EBNF"
 
