@@ -9,7 +9,8 @@ By noun, as XGrammar splits its own:
 - :mod:`.sources`: the grammar texts (regex, JSON schema and its whitespace bound, Lark,
   GBNF), checked and turned into the Lark text llguidance runs (a :class:`Grammar`);
 - :mod:`.tokenizer`: our vocabulary as llguidance's tokenizer, once per vocabulary;
-- :mod:`.compiler`: a grammar compiled for a vocabulary, and what its matchers share;
+- :mod:`.compiler`: a grammar compiled for a vocabulary, and what its matchers share (the
+  last :data:`COMPILED_GRAMMARS` kept, as XGrammar keeps compiled grammars);
 - :mod:`.cursor`: one llguidance matcher moved to any state, with checkpoints;
 - :mod:`.matcher`: :class:`GrammarMatcher` (masks, closing and finishing tokens);
 - :mod:`.forced`: forced bytes, walked on a matcher over bytes;
@@ -17,17 +18,19 @@ By noun, as XGrammar splits its own:
 """
 
 from .bounds import regex_min_bytes
-from .compiler import CompiledGrammar
+from .compiler import COMPILED_GRAMMARS, CompiledGrammar, compiled
 from .matcher import GrammarMatcher
 from .sources import JSON_WHITESPACE, Grammar, gbnf, json_schema, lark, regex
 from .tokenizer import byte_tokenizer, ll_vocab
 
 __all__ = [
+    "COMPILED_GRAMMARS",
     "JSON_WHITESPACE",
     "CompiledGrammar",
     "Grammar",
     "GrammarMatcher",
     "byte_tokenizer",
+    "compiled",
     "gbnf",
     "json_schema",
     "lark",

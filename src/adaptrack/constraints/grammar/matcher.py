@@ -18,7 +18,7 @@ from llguidance import LLMatcher, LLTokenizer
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
 from ..base import DONE, Matcher, State
-from .compiler import MASK_CACHE_BYTES, CompiledGrammar
+from .compiler import MASK_CACHE_BYTES, CompiledGrammar, _frozen, compiled
 from .cursor import _dead_end, _failure, _Spent, _Track
 from .forced import ForcedBytes
 
@@ -42,14 +42,21 @@ class GrammarMatcher(Matcher):
     ``advance`` tests one bit, ``allowed`` unpacks (20-50 µs). Up to ``checkpoints``
     llguidance matchers (~16 KiB each) are kept as checkpoints, as many again for
     :meth:`forced_bytes`.
+
+    ``shared=True`` (what :meth:`Grammar.bind` makes): the compiled grammar, and what is
+    found by state (masks, closing tokens, forced bytes), are those every matcher of this
+    language and vocabulary shares (:func:`~.compiler.compiled`); else its own. The cursors
+    and checkpoints are always the matcher's own, and so are :meth:`stats` (masks found by
+    another matcher are not counted here).
     """
 
     terminators = b""
 
     def __init__(self, grammar: Grammar, vocab: Vocabulary, cache_bytes: int = MASK_CACHE_BYTES,
-                 checkpoints: int = 1024) -> None:
+                 checkpoints: int = 1024, *, shared: bool = False) -> None:
         self.grammar, self.vocab = grammar, vocab
-        self.compiled = CompiledGrammar(grammar, vocab, cache_bytes)
+        self.compiled = (compiled(grammar, vocab, cache_bytes) if shared
+                         else CompiledGrammar(grammar, vocab, cache_bytes))
         self.ll = self.compiled.ll
         self._tokens = _Track(self.compiled.renew, list, checkpoints, grammar.kind,
                               root=self.compiled.root)
@@ -77,10 +84,10 @@ class GrammarMatcher(Matcher):
             if _dead_end(matcher):
                 if matcher is self._tokens.cursor:
                     self._tokens.reset()
-                return np.zeros_like(self.ll.text_bits), False
+                return _frozen(np.zeros_like(self.ll.text_bits)), False
             raise _failure(self.grammar.kind, matcher)
         eos = self.ll.eos
-        return bits & self.ll.text_bits, bool(bits[eos >> 3] >> (eos & 7) & 1)
+        return _frozen(bits & self.ll.text_bits), bool(bits[eos >> 3] >> (eos & 7) & 1)
 
     def _compute_on_cursor(self, matcher: LLMatcher) -> tuple[np.ndarray, bool]:
         """:meth:`_compute` for :meth:`_Track.run`: a failure (a lexer error while the
@@ -159,7 +166,7 @@ class GrammarMatcher(Matcher):
         if accepting and len(self.vocab.eos_ids):
             eos = self.vocab.eos_ids
             found = np.insert(found, np.searchsorted(found, eos), eos)
-        self._closing.put(key, found)
+        self._closing.put(key, _frozen(found))
         return found
 
     def advance(self, state: State, token: int) -> State | None:

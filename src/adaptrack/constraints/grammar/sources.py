@@ -2,7 +2,9 @@
 llguidance and turned into the Lark text it runs (a :class:`Grammar`).
 
 Building a grammar compiles it once without a vocabulary (llguidance's validation), so an
-invalid one is a :class:`~adaptrack.errors.GrammarError` before any model work.
+invalid one is a :class:`~adaptrack.errors.GrammarError` before any model work. The verdicts
+are kept (:data:`VALIDATED`: 256 texts, least recently used out), so a server that gets the
+same schema in every request checks it once; its warnings are given again each time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from llguidance import LLMatcher, regex_to_lark
 from llguidance.gbnf_to_lark import any_to_lark
 
+from ...cache import LRU
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
 from ..base import Constraint, show, utf8
@@ -41,8 +44,21 @@ class Grammar(Constraint):
         #: tokens that hold one, or are whitespace. None: not known.
         self.final_bytes = final_bytes
 
+    @property
+    def key(self) -> tuple[str, str, str | None, bytes | None]:
+        """What makes two grammars one language to llguidance and to
+        :class:`GrammarMatcher`: the Lark text (a JSON schema's whitespace options in it),
+        the regex source and the final bytes. Compiled grammars are shared under it.
+
+        >>> regex("a+").key == regex("a+").key != regex("a*").key
+        True
+        """
+        return self.kind, self.lark_text, self.pattern, self.final_bytes
+
     def bind(self, vocab: Vocabulary) -> GrammarMatcher:
-        return GrammarMatcher(self, vocab)
+        """A matcher over the compiled grammar of this language and ``vocab``, which every
+        other matcher of both shares (:func:`~adaptrack.constraints.grammar.compiled`)."""
+        return GrammarMatcher(self, vocab, shared=True)
 
     def __repr__(self) -> str:
         return f"Grammar({self.kind}, {self.lark_text[:60]!r}…)"
@@ -64,10 +80,19 @@ def _source(kind: str, text: object) -> str:
     return text
 
 
+#: llguidance's verdicts on grammar texts (whether invalid, and its messages).
+VALIDATED: LRU[str, tuple[bool, tuple[str, ...]]] = LRU(256)
+
+
 def _check(kind: str, grammar: str) -> None:
     """Compile ``grammar`` (no vocabulary needed) and raise :class:`GrammarError` with
     llguidance's message, on one line, if it is invalid; pass its warnings on."""
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    found = VALIDATED.get(grammar)
+    if found is None:
+        invalid, said = LLMatcher.validate_grammar_with_warnings(grammar)
+        found = bool(invalid), tuple(said)
+        VALIDATED.put(grammar, found)
+    is_error, messages = found
     if is_error:
         raise GrammarError(f"invalid {kind}: {_one_line(messages[0])}")
     for msg in messages:
