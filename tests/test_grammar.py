@@ -586,7 +586,7 @@ class _Dry:
 
 
 def test_a_replay_that_fails_again_goes_one_token_at_a_time_with_masks():
-    from adaptrack.constraints.grammar import _Track
+    from adaptrack.constraints.grammar.cursor import _Track
 
     vocab = toy_vocab()
     # Any whitespace: a random walk of 20 tokens then never reaches the object's end.
