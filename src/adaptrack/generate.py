@@ -13,6 +13,7 @@ from typing import Any
 
 from .constraints.anything import Anything
 from .constraints.base import Constraint, Matcher
+from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
 from .sampling.adaptrack import AdapTrack
@@ -333,10 +334,12 @@ class _Call:
                     f"within max_new_tokens={max_new_tokens}, a search that can take long "
                     "when the model rarely stops that early; use method='unconstrained' for "
                     "free text"), stacklevel=3)
-        # Unconstrained sampling ignores a constraint, but keeps anything()'s stop strings.
+        # Unconstrained sampling ignores a constraint, but keeps the stop strings of
+        # anything() and with_stop().
         free = constraint is None or isinstance(constraint, Anything)
-        walker = (Anything(matcher.terminators).bind(lm.vocab) if unconstrained and not free
-                  else matcher)
+        stop = constraint.stop if isinstance(constraint, Stopped) else ()
+        walker = (Anything(matcher.terminators, stop).bind(lm.vocab)
+                  if unconstrained and not free else matcher)
         self.tree = PrefixTree(lm, self.ids, walker, temperature=temperature, top_p=top_p,
                                max_new_tokens=max_new_tokens, max_nodes=max_nodes,
                                max_cache_bytes=max_cache_bytes,
