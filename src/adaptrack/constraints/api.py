@@ -157,6 +157,29 @@ def _public(name: object) -> bool:
     return isinstance(name, str) and name.isidentifier() and not name.startswith("_")
 
 
+def _check_from_module(module: str | types.ModuleType, max_depth: int,
+                       time_limit: float) -> None:
+    """:func:`from_module`'s arguments checked (``TypeError``, ``ValueError``)."""
+    if isinstance(module, str):
+        if not all(module.split(".")):
+            raise ValueError(
+                f"from_module takes an absolute module name such as 'numpy.linalg', got "
+                f"{show(module)} (a relative or empty name has no package to resolve against)")
+    elif not isinstance(module, types.ModuleType):
+        raise TypeError(f"from_module takes a module or a module name, got {show(module)} "
+                        f"({type(module).__name__})")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, numbers.Integral):
+        raise TypeError(f"max_depth takes an int >= 0, got {show(max_depth)} "
+                        f"({type(max_depth).__name__})")
+    if max_depth < 0:
+        raise ValueError(f"max_depth takes an int >= 0, got {max_depth}")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real):
+        raise TypeError(f"time_limit takes seconds > 0 (a number), got {show(time_limit)} "
+                        f"({type(time_limit).__name__})")
+    if not time_limit > 0:  # NaN too: no deadline would ever pass
+        raise ValueError(f"time_limit takes seconds > 0 (math.inf: no limit), got {time_limit}")
+
+
 def from_module(
     module: str | types.ModuleType,
     *,
@@ -200,24 +223,7 @@ def from_module(
     ...
     ValueError: from_module takes an absolute module name such as 'numpy.linalg', got '.' ...
     """
-    if isinstance(module, str):
-        if not all(module.split(".")):
-            raise ValueError(
-                f"from_module takes an absolute module name such as 'numpy.linalg', got "
-                f"{show(module)} (a relative or empty name has no package to resolve against)")
-    elif not isinstance(module, types.ModuleType):
-        raise TypeError(f"from_module takes a module or a module name, got {show(module)} "
-                        f"({type(module).__name__})")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, numbers.Integral):
-        raise TypeError(f"max_depth takes an int >= 0, got {show(max_depth)} "
-                        f"({type(max_depth).__name__})")
-    if max_depth < 0:
-        raise ValueError(f"max_depth takes an int >= 0, got {max_depth}")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real):
-        raise TypeError(f"time_limit takes seconds > 0 (a number), got {show(time_limit)} "
-                        f"({type(time_limit).__name__})")
-    if not time_limit > 0:  # NaN too: no deadline would ever pass
-        raise ValueError(f"time_limit takes seconds > 0 (math.inf: no limit), got {time_limit}")
+    _check_from_module(module, max_depth, time_limit)
     _check_prefix(prefix)
     terminators = terminator_bytes(terminators)
     deadline = time.monotonic() + time_limit

@@ -121,8 +121,8 @@ def _class(text: str, line: int) -> str:
     return "/[" + ("^" if negate else "") + "".join(parts) + "]/"
 
 
-def _parse(text: str) -> tuple[dict[str, _Alts], list[str]]:
-    """The rules (name → alternatives, each a tuple of items) in order of definition."""
+def _tokens(text: str) -> list[tuple[str, str, int]]:
+    """The grammar's tokens: (kind, text, line), spaces left out."""
     tokens: list[tuple[str, str, int]] = []
     pos, line = 0, 1
     while pos < len(text):
@@ -135,6 +135,12 @@ def _parse(text: str) -> tuple[dict[str, _Alts], list[str]]:
             tokens.append((kind, m.group(), line))
         line += m.group().count("\n")
         pos = m.end()
+    return tokens
+
+
+def _parse(text: str) -> tuple[dict[str, _Alts], list[str]]:
+    """The rules (name → alternatives, each a tuple of items) in order of definition."""
+    tokens = _tokens(text)
     rules: dict[str, _Alts] = {}
     order: list[str] = []
     i = 0
