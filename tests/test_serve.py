@@ -25,9 +25,22 @@ openai = pytest.importorskip("openai", reason="the serve tests use the openai cl
 uvicorn = pytest.importorskip("uvicorn", reason="adaptrack serve needs the serve extra")
 pytest.importorskip("starlette", reason="adaptrack serve needs the serve extra")
 
+from stats import chi_square_p  # noqa: E402
+from test_stop import (  # noqa: E402
+    STOP_PROMPT,
+    STOP_REGEX,
+    TRICKY_STOPS,
+    stop_targets,
+    stop_toy,
+    tricky_lm,
+)
+
 import adaptrack as at  # noqa: E402
 from adaptrack.cli.serve import listen  # noqa: E402
+from adaptrack.constraints import with_stop  # noqa: E402
+from adaptrack.eval.codetask import cut_at_stop  # noqa: E402
 from adaptrack.serve import create_app  # noqa: E402
+from adaptrack.serve.protocol import MAX_N  # noqa: E402
 
 # -- a toy model: printable ASCII, a few longer tokens, EOS; weights depend on context ------
 
@@ -322,6 +335,47 @@ def test_stream_stops_at_a_stop_string(toy):
     text = "".join(ch.choices[0].text for ch in chunks)
     assert text == full[:full.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_search_with_stop_targets_the_stop_string():
+    """The server's stop ends the constraint's sequences (with_stop): exact samples the
+    enumerated target that ends at the stop string, not the constraint's target cut after
+    sampling (docs/design.md §2)."""
+    lm = stop_toy()
+    new, old = stop_targets(lm)
+    with serving(lm) as (url, _):
+        r = client(url).completions.create(
+            model="toy", prompt=STOP_PROMPT, n=MAX_N, seed=3, max_tokens=8, stop="b",
+            extra_body={"guided_regex": STOP_REGEX, "decoding_method": "exact",
+                        "end": "eos"})
+    assert all(ch.finish_reason == "stop" and "b" not in ch.text for ch in r.choices)
+    texts = [ch.text for ch in r.choices]
+    observed = {t: texts.count(t) for t in set(texts)}
+    assert chi_square_p(observed, new) > 1e-3
+    assert chi_square_p(observed, old) < 1e-6
+    ref = at.generate(lm, STOP_PROMPT, with_stop(at.constraints.regex(STOP_REGEX), ["b"]),
+                      method="exact", n=MAX_N, seed=3, max_new_tokens=8, end="eos")
+    assert texts == ref.texts
+
+
+@pytest.mark.filterwarnings("ignore:method='exact' with no constraint")
+def test_the_server_cuts_the_tricky_case_as_the_constraints_do():
+    """A stop string across a token boundary that another overlaps: the text is cut where
+    the earliest-starting one begins, streamed or not, whatever the method."""
+    lm = tricky_lm()
+    with serving(lm) as (url, _):
+        c = client(url)
+        for method, stream in (("unconstrained", True), ("cd", False), ("exact", False),
+                               ("cd", True)):
+            body = {"decoding_method": method}
+            if method != "unconstrained":
+                body["guided_regex"] = "(xa|bcd|e)+"
+            r = c.completions.create(model="toy", prompt="e", temperature=0, max_tokens=4,
+                                     stop=TRICKY_STOPS, stream=stream, extra_body=body)
+            chunks = list(r) if stream else [r]
+            text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+            assert text == cut_at_stop("xabcd", tuple(TRICKY_STOPS)) == "x", (method, stream)
+            assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
 
 
 def test_a_reused_tree_gives_the_fresh_samples_with_fewer_model_calls(toy):
@@ -775,8 +829,9 @@ def test_a_choice_cut_at_a_stop_string_stops_its_walk(toy):
     prompt = len(lm.encode("x"))
     assert sum(c.finish_reason == "stop" for c in r.choices) >= 3
     assert all("e" not in c.text for c in r.choices)
-    # A walk's prefix is asked for once it ends in the stop string, and never past it.
-    past = [p for p in prefixes if b"e" in lm.vocab.decode(p[prompt:-1])]
+    # The token that puts the stop string into the text ends the walk: no prefix that
+    # holds it is asked for.
+    past = [p for p in prefixes if b"e" in lm.vocab.decode(p[prompt:])]
     assert not past, f"{len(past)} model calls past a stop string"
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from .constraints.anything import Anything
 from .constraints.base import Constraint, Matcher
+from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
 from .options import FALLBACK_TRIES, METHODS, PARALLEL_WALKS, SEARCHES, SamplingOptions
@@ -118,15 +119,14 @@ def _text(matcher: Matcher, lm: LanguageModel, node: Node) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-
-
 def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
-          options: SamplingOptions) -> PrefixTree:
+          options: SamplingOptions, stop: tuple[str, ...] = ()) -> PrefixTree:
     """The call's prefix tree. Unconstrained sampling walks without the constraint's
-    length rule, chains and end policy, but keeps anything()'s stop strings."""
+    length rule, chains and end policy, but keeps the stop strings of anything() and
+    with_stop() (``stop``)."""
     o = options
     unconstrained = o.method == "unconstrained"
-    walker = (Anything(matcher.terminators).bind(lm.vocab) if unconstrained and not free
+    walker = (Anything(matcher.terminators, stop).bind(lm.vocab) if unconstrained and not free
               else matcher)
     return PrefixTree(lm, ids, walker, temperature=o.temperature, top_p=o.top_p,
                       max_new_tokens=o.max_new_tokens, max_nodes=o.max_nodes,
@@ -178,7 +178,8 @@ class PreparedCall:
                     f"within max_new_tokens={o.max_new_tokens}, a search that can take long "
                     "when the model rarely stops that early; use method='unconstrained' for "
                     "free text"), stacklevel=3)
-        self.tree = _tree(lm, self.ids, matcher, free, o)
+        stop = constraint.stop if isinstance(constraint, Stopped) else ()
+        self.tree = _tree(lm, self.ids, matcher, free, o, stop)
         self.sampler = _sampler(self.tree, o)
         self.samples: list[Sample | None] = [None] * o.n
         self.left = o.n

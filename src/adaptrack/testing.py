@@ -153,45 +153,59 @@ def assert_contract(
             tried = ids if vocab.size <= sample else np.union1d(
                 rng.sample(range(vocab.size), sample),
                 allowed[rng.sample(range(len(allowed)), min(sample, len(allowed)))])
-            allowed_set = set(allowed.tolist())
-            forced = bytes(m.forced_bytes(state))
-            for k in (0, 1, 3):
-                cut = bytes(m.forced_bytes(state, limit=k))
-                _rule(cut == forced[:k], "forced_bytes(limit=k) is the first k forced bytes",
-                      state, text, f"limit={k}: {cut!r}, forced {forced!r}")
-            nexts = []
-            for tok in tried.tolist():
-                nxt = m.advance(state, tok)
-                where = (state, text, tok, vocab)
-                if m.lazy:
-                    _rule(nxt is None or tok in allowed_set, "advance is None outside allowed",
-                          *where)
-                else:
-                    _rule((nxt is not None) == (tok in allowed_set),
-                          "advance is not None exactly on allowed", *where)
-                if nxt is None:
-                    continue
-                if tok in fin:
-                    _rule(m.is_complete(nxt), "advance of a finishing token is complete",
-                          *where)
-                    _rule(depth + 1 >= bound, "no complete sequence is shorter than "
-                          f"min_new_tokens ({bound})", *where)
-                if m.is_complete(nxt) or len(m.finishing(nxt)):
-                    _rule(tok in closes, "closing lists every token after which one finishes",
-                          *where)
-                if vocab.is_eos(tok):
-                    _rule(not forced, "forced_bytes is empty where EOS is valid", *where,
-                          f"forced {forced!r}")
-                elif not m.is_complete(nxt):
-                    data = vocab.bytes_of(tok)
-                    _rule(data[:len(forced)] == forced[:len(data)],
-                          "forced_bytes is a prefix of every valid continuation", *where,
-                          f"forced {forced!r}")
-                    nexts.append((tok, nxt))
+            forced = _checked_forced(m, state, text)
+            sets = (set(allowed.tolist()), fin, closes)
+            nexts = [(tok, nxt) for tok in tried.tolist()
+                     if (nxt := _checked_advance(m, state, text, tok, vocab, sets, forced,
+                                                 depth + 1 >= bound)) is not None]
             if not nexts:
                 break
             tok, state = rng.choice(nexts)
             text, depth = text + vocab.bytes_of(tok), depth + 1
+
+
+def _checked_forced(m: constraints.Matcher, state: Any, text: bytes) -> bytes:
+    """``m.forced_bytes(state)``, checked against its ``limit`` versions."""
+    forced = bytes(m.forced_bytes(state))
+    for k in (0, 1, 3):
+        cut = bytes(m.forced_bytes(state, limit=k))
+        _rule(cut == forced[:k], "forced_bytes(limit=k) is the first k forced bytes",
+              state, text, f"limit={k}: {cut!r}, forced {forced!r}")
+    return forced
+
+
+def _checked_advance(m: constraints.Matcher, state: Any, text: bytes, tok: int,
+                     vocab: Vocabulary, sets: tuple[set[int], set[int], set[int]],
+                     forced: bytes, long_enough: bool) -> Any:
+    """``m.advance(state, tok)`` checked against the state's ``sets`` (allowed, finishing,
+    closing) and ``forced`` bytes; ``long_enough``: a sequence may complete here
+    (``min_new_tokens``). The next state where the walk may go on, else None."""
+    allowed, fin, closes = sets
+    nxt = m.advance(state, tok)
+    where = (state, text, tok, vocab)
+    if m.lazy:
+        _rule(nxt is None or tok in allowed, "advance is None outside allowed", *where)
+    else:
+        _rule((nxt is not None) == (tok in allowed), "advance is not None exactly on allowed",
+              *where)
+    if nxt is None:
+        return None
+    if tok in fin:
+        _rule(m.is_complete(nxt), "advance of a finishing token is complete", *where)
+        _rule(long_enough, "no complete sequence is shorter than min_new_tokens "
+              f"({m.min_new_tokens()})", *where)
+    if m.is_complete(nxt) or len(m.finishing(nxt)):
+        _rule(tok in closes, "closing lists every token after which one finishes", *where)
+    if vocab.is_eos(tok):
+        _rule(not forced, "forced_bytes is empty where EOS is valid", *where,
+              f"forced {forced!r}")
+        return None
+    if m.is_complete(nxt):
+        return None
+    data = vocab.bytes_of(tok)
+    _rule(data[:len(forced)] == forced[:len(data)],
+          "forced_bytes is a prefix of every valid continuation", *where, f"forced {forced!r}")
+    return nxt
 
 
 def _checked_ids(m: constraints.Matcher, state: Any, text: bytes,

@@ -4,7 +4,7 @@ from .anything import Anything, anything
 from .api import API_TERMINATORS, ApiNames, api_names, from_module
 from .base import DONE, Constraint, Matcher, State
 from .choice import Choice, choice
-from .compose import AllOf, all_of
+from .compose import AllOf, Stopped, all_of, with_stop
 from .ebnf import ebnf
 from .grammar import Grammar, gbnf, json_schema, lark, regex
 from .predicate import Predicate, predicate
@@ -24,6 +24,7 @@ __all__ = [
     "Predicate",
     "Python",
     "State",
+    "Stopped",
     "all_of",
     "anything",
     "api_names",
@@ -36,4 +37,5 @@ __all__ = [
     "predicate",
     "python",
     "regex",
+    "with_stop",
 ]

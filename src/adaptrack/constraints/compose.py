@@ -1,16 +1,19 @@
-"""``all_of``: text valid under every one of several constraints."""
+"""Constraints made of others: ``all_of`` (text valid under every one of several) and
+``with_stop`` (a constraint whose sequences also end at stop strings)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from functools import reduce
 
 import numpy as np
 
 from ..tokenization.vocab import Vocabulary
+from .anything import Anything
 from .base import DONE, Constraint, Matcher, State
+from .stop import StopStrings, stop_strings
 
 
 def _parts(state: State) -> tuple[State, ...]:
@@ -142,4 +145,108 @@ class AllOfMatcher(Matcher):
         with ExitStack() as stack:
             for m in self.parts:
                 stack.enter_context(m.checking())
+            yield
+
+
+class Stopped(Constraint):
+    """``inner`` whose sequences also end at the token that puts one of the ``stop`` strings
+    into the text, which is then cut before it (:mod:`adaptrack.constraints.stop`). The
+    token carrying the stop string is a token ``inner`` allows, as every other one: the
+    sequences are ``inner``'s complete ones and its valid prefixes that end at a stop
+    string, and a search targets those (docs/design.md §2). Build it with :func:`with_stop`.
+    """
+
+    def __init__(self, inner: Constraint, stop: Iterable[str]) -> None:
+        if not isinstance(inner, Constraint):
+            raise TypeError(f"with_stop takes a constraint, got {type(inner).__name__}")
+        self.inner = inner
+        self._stop_bytes = stop_strings(stop)
+        self.stop = tuple(s.decode() for s in self._stop_bytes)
+
+    def bind(self, vocab: Vocabulary) -> Matcher:
+        return StopMatcher(self.inner.bind(vocab), self._stop_bytes)
+
+
+def with_stop(constraint: Constraint | None, stop: Iterable[str]) -> Constraint | None:
+    """``constraint`` (None: no constraint) whose sequences also end where one of the
+    ``stop`` strings appears, their text cut before it: :func:`anything` with ``stop`` for
+    no constraint, else a :class:`Stopped`; ``constraint`` itself when ``stop`` is empty.
+    The server's ``stop`` is this (OpenAI's ``stop``: the stop string is not returned).
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"ab", b"<eos>"], lambda p: [1, 1, 1, 1], eos=3)
+    >>> c = with_stop(at.constraints.regex("a*b(ab)*"), ["b"])
+    >>> dist = at.exact_distribution(lm, [], c, max_new_tokens=2)
+    >>> sorted(lm.vocab.decode(s).decode() for s in dist)  # every sequence ends at "b"
+    ['aab', 'ab', 'ab', 'b']
+    >>> at.generate(lm, [], c, method="exact", n=4, seed=0).texts  # cut before it
+    ['a', 'a', 'a', '']
+    """
+    stops = stop_strings(stop)
+    if not stops:
+        return constraint
+    if constraint is None:
+        return Anything(stop=[s.decode() for s in stops])
+    if isinstance(constraint, Anything):
+        return Anything(constraint.terminators, stop=list(dict.fromkeys(
+            constraint.stop + tuple(s.decode() for s in stops))))
+    return Stopped(constraint, [s.decode() for s in stops])
+
+
+def _stopped(state: State) -> tuple[State, bytes]:
+    """The inner matcher's state and the text's last bytes of a :class:`StopMatcher` state."""
+    return state  # type: ignore[return-value]
+
+
+class StopMatcher(Matcher):
+    """``inner`` with stop strings: a state is ``inner``'s and the text's last bytes (what
+    decides the next cut); the masks are ``inner``'s, and a token it allows that finishes a
+    stop string finishes the sequence."""
+
+    def __init__(self, inner: Matcher, stops: tuple[bytes, ...]) -> None:
+        self.inner, self.vocab = inner, inner.vocab
+        self.terminators, self.lazy = inner.terminators, inner.lazy
+        self.stops = StopStrings(stops, inner.vocab)
+
+    def start(self) -> State:
+        return (self.inner.start(), b"")
+
+    def allowed(self, state: State) -> np.ndarray:
+        return self.inner.allowed(_stopped(state)[0])
+
+    def finishing(self, state: State) -> np.ndarray:
+        inner, tail = _stopped(state)
+        by_stop = np.intersect1d(self.inner.allowed(inner), self.stops.finishing(tail),
+                                 assume_unique=True)
+        return np.union1d(self.inner.finishing(inner), by_stop)
+
+    def advance(self, state: State, token: int) -> State | None:
+        inner, tail = _stopped(state)
+        nxt = self.inner.advance(inner, token)
+        if nxt is None or self.inner.is_complete(nxt):
+            return None if nxt is None else DONE
+        text = tail + self.vocab.bytes_of(token)
+        if self.stops.cut(text, len(tail)) >= 0:
+            return DONE
+        return (nxt, self.stops.tail(text))
+
+    def leaving(self, state: State) -> np.ndarray:
+        return self.inner.leaving(_stopped(state)[0])
+
+    def forced_bytes(self, state: State, limit: int | None = None) -> bytes:
+        # Only the bytes before a stop string they would complete: the sequence ends there.
+        inner, tail = _stopped(state)
+        data = _forced(self.inner, inner, limit)
+        at = self.stops.cut(tail + data, len(tail))
+        return data if at < 0 else data[:max(0, at - len(tail))]
+
+    def final_text(self, data: bytes) -> bytes:
+        return self.stops.final_text(self.inner.final_text(data))
+
+    def stats(self) -> dict[str, float]:
+        return self.inner.stats()
+
+    @contextmanager
+    def checking(self) -> Iterator[None]:
+        with self.inner.checking():
             yield

@@ -1,9 +1,13 @@
-"""Stop strings: a sequence ends at the first place one of them appears in its text, and its
-text is cut before it (as OpenAI's ``stop`` and the Codex paper's sampling cut it).
+"""Stop strings: a sequence ends at the token that puts one of them into its text, and its
+text is cut before the first of them (as OpenAI's ``stop`` and the Codex paper's sampling cut
+it; docs/design.md §2).
 
-Matchers that end at stop strings (``anything(stop=…)``, ``python(stop=…)``) share this:
-where a text is cut, and which tokens finish a stop string after a given text. Only the
-text's last ``longest - 1`` bytes decide either, so a matcher keeps just those.
+The one rule: the text is cut where the earliest-starting stop string begins
+(:func:`first_stop`). Everything that ends text at stop strings uses it: the matchers that end
+at stop strings (``anything(stop=…)``, ``python(stop=…)``, ``with_stop``, and so the
+server's ``stop``) and the evaluation's completions (:func:`cut_text`). The matchers also share
+which tokens finish a stop string after a given text; only the text's last ``longest - 1``
+bytes decide either, so a matcher keeps just those.
 
 >>> from adaptrack.tokenization.vocab import Vocabulary
 >>> vocab = Vocabulary([b"a", b"\\n", b"de", b"f", b"\\ndef", b"<eos>"], eos_ids=[5])
@@ -17,6 +21,7 @@ text's last ``longest - 1`` bytes decide either, so a matcher keeps just those.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import AnyStr
 
 import numpy as np
 
@@ -35,6 +40,30 @@ def stop_strings(stop: Iterable[str]) -> tuple[bytes, ...]:
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stops):
         raise TypeError(f"stop takes a list of non-empty strings, got {show(stop)}")
     return tuple(utf8(s, "stop") for s in stops)
+
+
+def first_stop(text: AnyStr, stops: Iterable[AnyStr], since: int = 0) -> int:
+    """Where ``text`` (bytes or str) is cut: the start of the earliest-starting stop string
+    among those that end after position ``since`` (what is before it was checked already);
+    -1: none. Two overlapping stop strings cut at the one that starts first, whichever ends
+    first.
+
+    >>> first_stop("xabcd", ["bc", "abcd"]), first_stop(b"xabcd", [b"bc"], since=4)
+    (1, -1)
+    """
+    hits = [i for s in stops if (i := text.find(s, max(0, since - len(s) + 1))) >= 0]
+    return min(hits) if hits else -1
+
+
+def cut_text(text: str, stop: Iterable[str]) -> str:
+    """``text`` cut before its first stop string (all of it when it holds none): the text a
+    sequence that ended at a stop string stands for.
+
+    >>> cut_text("    return 1\\ndef g(): pass", ["\\ndef", "\\nclass"])
+    '    return 1'
+    """
+    at = first_stop(text, list(stop))
+    return text if at < 0 else text[:at]
 
 
 class StopStrings:
@@ -58,10 +87,9 @@ class StopStrings:
         return data[-(self.longest - 1):] if self.longest > 1 else b""
 
     def cut(self, data: bytes, since: int) -> int:
-        """Where ``data`` is cut by the first stop string that ends after its byte
-        ``since`` (the bytes before it were checked already); -1: none."""
-        hits = [i for s in self.stops if (i := data.find(s, max(0, since - len(s) + 1))) >= 0]
-        return min(hits) if hits else -1
+        """Where ``data`` is cut by the stop strings that end after its byte ``since``
+        (:func:`first_stop`)."""
+        return first_stop(data, self.stops, since)
 
     def final_text(self, data: bytes) -> bytes:
         """``data`` cut before its first stop string."""

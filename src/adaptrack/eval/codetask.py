@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import constraints
 from ..constraints import DONE, Constraint, anything
+from ..constraints.stop import cut_text
 from ..errors import AdaptrackError
 from ..tokenization.vocab import Vocabulary
 from .runner import Job, ModelTask, Record, check_methods, seed_for
@@ -69,9 +70,9 @@ class CodeProblem:
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
-    """``text`` up to its first stop string (all of it when it holds none)."""
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
-    return text[:cut]
+    """``text`` up to its first stop string (all of it when it holds none), by the rule the
+    constraints end text with (:func:`adaptrack.constraints.stop.cut_text`)."""
+    return cut_text(text, stop)
 
 
 def parses(problem: CodeProblem, completion: str) -> bool:

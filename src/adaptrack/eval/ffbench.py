@@ -143,65 +143,13 @@ def bench_ff(
     doc for every definition). ``tokenizer`` is a ``tokenizer.json`` or its directory;
     ``limit`` bounds the valid instances walked; ``examples`` disagreements (and
     non-canonical ff sequences) are kept in ``"examples"``."""
-    from llguidance import LLMatcher, LLTokenizer
-
-    from ..constraints import json_schema
-    from ..sampling.fastforward import forced_tokens
-    from ..tokenization.tokenizer import Tokenizer
-
     t_start = time.perf_counter()
-    tok = Tokenizer.from_file(tokenizer)
-    vocab = tok.vocab
-    from tokenizers import Tokenizer as HFTokenizer
-
-    # llguidance's own tokenizer from the same file, as llguidance.hf.from_tokenizer builds
-    # it (the serialized tokenizers backend; padding and truncation off).
-    file = Path(tokenizer)
-    backend = HFTokenizer.from_file(str(file / "tokenizer.json" if file.is_dir() else file))
-    backend.no_padding()
-    backend.no_truncation()
-    eos = int(vocab.eos_ids[0]) if len(vocab.eos_ids) else None
-    ll_tok = LLTokenizer(backend.to_str(), n_vocab=vocab.size, eos_token=eos)
-
+    bench = _Bench(tokenizer, max_tokens, conservative, whitespace_flexible, examples)
     cases = list(read_maskbench(data))
     total = sum(len(valid) for _, valid in cases)
     if limit is not None:
         total = min(total, limit)
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="instance", file=sys.stderr, leave=False)
-        except ImportError:
-            bar = None
-
-    c: dict[str, Any] = {k: 0 for k in (
-        "instances", "tokens", "ff_sequences", "forced_tokens", "noncanonical",
-        "llguidance_ff_sequences", "llguidance_forced_tokens", "llguidance_noncanonical",
-        "compared_positions", "agreeing_positions", "schemas", "skipped_schemas",
-        "rejected_instances", "failed_instances", "matcher_restarts")}
-    found: list[dict[str, Any]] = []
-    ours_s = theirs_s = 0.0
-    ours_calls = theirs_calls = 0
-
-    def note(kind: str, text: bytes, pos: int, canon: list[int], ours: list[int] | None,
-             theirs: list[int] | None, forced: bytes) -> None:
-        if len(found) < examples:
-            width = max(len(ours or ()), len(theirs or ()), 1)
-            found.append({
-                "kind": kind, "instance": c["instances"], "position": pos,
-                "before": vocab.decode(canon[max(0, pos - 3):pos]).decode(errors="replace"),
-                "forced_bytes": forced.decode(errors="replace"),
-                "canonical": [vocab.decode([t]).decode(errors="replace")
-                              for t in canon[pos:pos + width]],
-                "ours": None if ours is None else [vocab.decode([t]).decode(errors="replace")
-                                                   for t in ours],
-                "llguidance": None if theirs is None else [
-                    vocab.decode([t]).decode(errors="replace") for t in theirs],
-                "text_head": text[:80].decode(errors="replace"),
-            })
-
+    bar = _progress_bar(total) if progress else None
     done = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -210,79 +158,168 @@ def bench_ff(
                 break
             if not valid:
                 continue
-            c["schemas"] += 1
-            full = _with_options(schema, whitespace_flexible)
-            try:
-                if full is None:
-                    raise ValueError("schema false")
-                grammar = json_schema(full)
-                matcher = grammar.bind(vocab)
-                ll_grammar = with_forcing(grammar.lark_text)
-                llm = LLMatcher(ll_tok, ll_grammar, log_level=0)
-                if llm.is_error():
-                    raise ValueError(llm.get_error())
-            except (ValueError, RuntimeError):
-                c["skipped_schemas"] += 1
-                n_skip = min(len(valid), limit - done) if limit is not None else len(valid)
-                done += n_skip
-                if bar is not None:
-                    bar.update(n_skip)
-                continue
-            for instance in valid:
-                if limit is not None and done >= limit:
-                    break
-                done += 1
-                if bar is not None:
-                    bar.update()
-                text = compact_json(instance)
-                try:
-                    canon = tok.encode_bytes(text)
-                except ValueError:
-                    c["rejected_instances"] += 1
-                    continue
-                llm.reset()
-                if not (llm.consume_tokens(canon) and llm.is_accepting()):
-                    c["rejected_instances"] += 1
-                    llm = LLMatcher(ll_tok, ll_grammar, log_level=0)  # errors are permanent
-                    continue
-                llm.reset()
-                restarts = matcher.stats()["grammar_restarts"]
-                try:
-                    stats = _walk(canon, text, tok, matcher, llm, forced_tokens, max_tokens,
-                                  conservative, note)
-                except (GrammarError, LLGuidanceFailed):  # either side's resource limits
-                    c["failed_instances"] += 1
-                    llm = LLMatcher(ll_tok, ll_grammar, log_level=0)
-                    continue
-                finally:
-                    c["matcher_restarts"] += matcher.stats()["grammar_restarts"] - restarts
-                c["instances"] += 1
-                c["tokens"] += len(canon)
-                for k, v in stats.items():
-                    if k in c:
-                        c[k] += v
-                ours_s += stats["ours_seconds"]
-                theirs_s += stats["llguidance_seconds"]
-                ours_calls += stats["ours_calls"]
-                theirs_calls += stats["llguidance_calls"]
+            instances = valid if limit is None else valid[:limit - done]
+            bench.schema(schema, instances, bar)
+            done += len(instances)
     if bar is not None:
         bar.close()
+    return bench.result(time.perf_counter() - t_start)
 
-    tokens = c["tokens"]
-    return {
-        **c,
-        "forced_share": c["forced_tokens"] / tokens if tokens else 0.0,
-        "llguidance_forced_share": c["llguidance_forced_tokens"] / tokens if tokens else 0.0,
-        "llguidance_agreement": (c["agreeing_positions"] / c["compared_positions"]
-                                 if c["compared_positions"] else 1.0),
-        "ours_ms_per_call": 1e3 * ours_s / ours_calls if ours_calls else 0.0,
-        "llguidance_ms_per_call": 1e3 * theirs_s / theirs_calls if theirs_calls else 0.0,
-        "max_tokens": max_tokens,
-        "conservative": conservative,
-        "whitespace_flexible": whitespace_flexible,
-        "seconds": round(time.perf_counter() - t_start, 2),
-        "examples": found,
-    }
+
+def _progress_bar(total: int) -> Any:
+    """A tqdm bar over ``total`` instances on stderr (None without tqdm)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="instance", file=sys.stderr, leave=False)
+
+
+def _llguidance_tokenizer(tokenizer: str | os.PathLike[str], vocab: Any) -> Any:
+    """llguidance's own tokenizer from the same file, as ``llguidance.hf.from_tokenizer``
+    builds it (the serialized tokenizers backend; padding and truncation off)."""
+    from llguidance import LLTokenizer
+    from tokenizers import Tokenizer as HFTokenizer
+
+    file = Path(tokenizer)
+    backend = HFTokenizer.from_file(str(file / "tokenizer.json" if file.is_dir() else file))
+    backend.no_padding()
+    backend.no_truncation()
+    eos = int(vocab.eos_ids[0]) if len(vocab.eos_ids) else None
+    return LLTokenizer(backend.to_str(), n_vocab=vocab.size, eos_token=eos)
+
+
+#: The counts of :func:`bench_ff` (the module doc defines each).
+COUNTS = ("instances", "tokens", "ff_sequences", "forced_tokens", "noncanonical",
+          "llguidance_ff_sequences", "llguidance_forced_tokens", "llguidance_noncanonical",
+          "compared_positions", "agreeing_positions", "schemas", "skipped_schemas",
+          "rejected_instances", "failed_instances", "matcher_restarts")
+
+
+class _Bench:
+    """One :func:`bench_ff` run: the tokenizers, the counts, the examples kept and the
+    time each side's ff tokens took."""
+
+    def __init__(self, tokenizer: str | os.PathLike[str], max_tokens: int,
+                 conservative: bool, whitespace_flexible: bool, examples: int) -> None:
+        from ..tokenization.tokenizer import Tokenizer
+
+        self.tok = Tokenizer.from_file(tokenizer)
+        self.vocab = self.tok.vocab
+        self.ll_tok = _llguidance_tokenizer(tokenizer, self.vocab)
+        self.max_tokens, self.conservative = max_tokens, conservative
+        self.whitespace_flexible, self.examples = whitespace_flexible, examples
+        self.c: dict[str, Any] = dict.fromkeys(COUNTS, 0)
+        self.found: list[dict[str, Any]] = []
+        self.ours_s = self.theirs_s = 0.0
+        self.ours_calls = self.theirs_calls = 0
+
+    def matcher(self, ll_grammar: str) -> Any:
+        """A new llguidance matcher of ``ll_grammar`` (its errors are permanent)."""
+        from llguidance import LLMatcher
+
+        return LLMatcher(self.ll_tok, ll_grammar, log_level=0)
+
+    def note(self, kind: str, text: bytes, pos: int, canon: list[int],
+             ours: list[int] | None, theirs: list[int] | None, forced: bytes) -> None:
+        """Keep an example of ``kind`` at position ``pos`` while fewer than asked are."""
+        if len(self.found) >= self.examples:
+            return
+
+        def show(ids: list[int] | None) -> list[str] | None:
+            return None if ids is None else [self.vocab.decode([t]).decode(errors="replace")
+                                             for t in ids]
+        width = max(len(ours or ()), len(theirs or ()), 1)
+        self.found.append({
+            "kind": kind, "instance": self.c["instances"], "position": pos,
+            "before": self.vocab.decode(canon[max(0, pos - 3):pos]).decode(errors="replace"),
+            "forced_bytes": forced.decode(errors="replace"),
+            "canonical": show(canon[pos:pos + width]), "ours": show(ours),
+            "llguidance": show(theirs), "text_head": text[:80].decode(errors="replace"),
+        })
+
+    def schema(self, schema: Any, instances: list[Any], bar: Any) -> None:
+        """Walk ``instances`` of ``schema``, or count the schema skipped where it makes no
+        grammar or llguidance refuses it."""
+        from ..constraints import json_schema
+
+        self.c["schemas"] += 1
+        full = _with_options(schema, self.whitespace_flexible)
+        try:
+            if full is None:
+                raise ValueError("schema false")
+            grammar = json_schema(full)
+            matcher = grammar.bind(self.vocab)
+            ll_grammar = with_forcing(grammar.lark_text)
+            llm = self.matcher(ll_grammar)
+            if llm.is_error():
+                raise ValueError(llm.get_error())
+        except (ValueError, RuntimeError):
+            self.c["skipped_schemas"] += 1
+            if bar is not None:
+                bar.update(len(instances))
+            return
+        for instance in instances:
+            if bar is not None:
+                bar.update()
+            llm = self.instance(instance, matcher, ll_grammar, llm)
+
+    def instance(self, instance: Any, matcher: Any, ll_grammar: str, llm: Any) -> Any:
+        """Count one instance's walks; the llguidance matcher to go on with (a new one
+        after a failure)."""
+        from ..sampling.fastforward import forced_tokens
+
+        c = self.c
+        text = compact_json(instance)
+        try:
+            canon = self.tok.encode_bytes(text)
+        except ValueError:
+            c["rejected_instances"] += 1
+            return llm
+        llm.reset()
+        if not (llm.consume_tokens(canon) and llm.is_accepting()):
+            c["rejected_instances"] += 1
+            return self.matcher(ll_grammar)
+        llm.reset()
+        restarts = matcher.stats()["grammar_restarts"]
+        try:
+            stats = _walk(canon, text, self.tok, matcher, llm, forced_tokens, self.max_tokens,
+                          self.conservative, self.note)
+        except (GrammarError, LLGuidanceFailed):  # either side's resource limits
+            c["failed_instances"] += 1
+            return self.matcher(ll_grammar)
+        finally:
+            c["matcher_restarts"] += matcher.stats()["grammar_restarts"] - restarts
+        c["instances"] += 1
+        c["tokens"] += len(canon)
+        for k, v in stats.items():
+            if k in c:
+                c[k] += v
+        self.ours_s += stats["ours_seconds"]
+        self.theirs_s += stats["llguidance_seconds"]
+        self.ours_calls += stats["ours_calls"]
+        self.theirs_calls += stats["llguidance_calls"]
+        return llm
+
+    def result(self, seconds: float) -> dict[str, Any]:
+        c, tokens = self.c, self.c["tokens"]
+        return {
+            **c,
+            "forced_share": c["forced_tokens"] / tokens if tokens else 0.0,
+            "llguidance_forced_share": (c["llguidance_forced_tokens"] / tokens
+                                        if tokens else 0.0),
+            "llguidance_agreement": (c["agreeing_positions"] / c["compared_positions"]
+                                     if c["compared_positions"] else 1.0),
+            "ours_ms_per_call": (1e3 * self.ours_s / self.ours_calls
+                                 if self.ours_calls else 0.0),
+            "llguidance_ms_per_call": (1e3 * self.theirs_s / self.theirs_calls
+                                       if self.theirs_calls else 0.0),
+            "max_tokens": self.max_tokens,
+            "conservative": self.conservative,
+            "whitespace_flexible": self.whitespace_flexible,
+            "seconds": round(seconds, 2),
+            "examples": self.found,
+        }
 
 
 def _walk(canon: list[int], text: bytes, tok: Any, matcher: Any, llm: Any,

@@ -49,6 +49,31 @@ def _free(ll: Any, model: Any, ctx: Any) -> None:
     ll.llama_model_free(model)
 
 
+def _load(ll: Any, path: Path, n_ctx: int, n_threads: int | None,
+          max_slots: int) -> tuple[Any, Any]:
+    """The model at ``path`` and a context of ``n_ctx`` cells in one unified KV cache for
+    ``max_slots`` sequences (``ModelLoadError`` when either cannot be made)."""
+    if not path.is_file():
+        raise ModelLoadError(f"no model file at {path}")
+    ll.llama_backend_init()
+    model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
+    if not model:
+        raise ModelLoadError(f"llama.cpp could not load {path}: not a GGUF file, or a model "
+                             "this llama.cpp build does not support (verbose=True shows why)")
+    params = ll.llama_context_default_params()
+    params.n_ctx = params.n_batch = n_ctx  # so one llama_decode can take any batch that fits
+    params.n_ubatch = min(512, n_ctx)
+    params.n_seq_max = max_slots
+    params.n_threads = params.n_threads_batch = n_threads or max(1, (os.cpu_count() or 2) // 2)
+    params.kv_unified = True  # slots share cells: a branch costs only its own tokens
+    params.swa_full = True  # sliding-window layers keep every position, so we can rewind
+    ctx = ll.llama_init_from_model(model, params)
+    if not ctx:
+        ll.llama_model_free(model)
+        raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}) for {path}")
+    return model, ctx
+
+
 class LlamaCppLM(LanguageModel):
     """A GGUF model run by llama.cpp on the CPU (or what llama-cpp-python was built for).
 
@@ -76,35 +101,9 @@ class LlamaCppLM(LanguageModel):
             raise ValueError(f"n_ctx and max_slots must be >= 1, got {n_ctx}, {max_slots}")
         self._ll, self.n_ctx, self.max_slots = ll, n_ctx, max_slots
         logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
-        path = Path(path)
-        if not path.is_file():
-            raise ModelLoadError(f"no model file at {path}")
-        ll.llama_backend_init()
-        model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
-        if not model:
-            raise ModelLoadError(f"llama.cpp could not load {path}: not a GGUF file, or a model "
-                                 "this llama.cpp build does not support (verbose=True shows why)")
-        params = ll.llama_context_default_params()
-        params.n_ctx = params.n_batch = n_ctx  # so one llama_decode can take any batch that fits
-        params.n_ubatch = min(512, n_ctx)
-        params.n_seq_max = max_slots
-        params.n_threads = params.n_threads_batch = n_threads or max(1, (os.cpu_count() or 2) // 2)
-        params.kv_unified = True  # slots share cells: a branch costs only its own tokens
-        params.swa_full = True  # sliding-window layers keep every position, so we can rewind
-        ctx = ll.llama_init_from_model(model, params)
-        if not ctx:
-            ll.llama_model_free(model)
-            raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}) for {path}")
+        model, ctx = _load(ll, Path(path), n_ctx, n_threads, max_slots)
         self._ctx, self._mem = ctx, ll.llama_get_memory(ctx)
-        n_ctx_train = getattr(ll, "llama_model_n_ctx_train", None)
-        trained = int(n_ctx_train(model)) if n_ctx_train is not None else 0
-        self.context_length = min(n_ctx, trained) if trained > 0 else n_ctx
-        if self.context_length == n_ctx and n_ctx != trained:
-            upto = f", up to its trained context of {trained}" if trained > 0 else ""
-            self._context_hint = f"load the model with a larger n_ctx (now n_ctx={n_ctx}{upto})"
-        else:
-            self._context_hint = (f"the model was trained on {trained} tokens (n_ctx={n_ctx}); "
-                                  "shorten the prompt or lower max_new_tokens")
+        self._set_context_length(model)
         self._close = weakref.finalize(self, _free, ll, model, ctx)
         # Recurrent state cannot be cut back to a position: such models re-feed every prefix.
         self._rewind = not (ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
@@ -117,12 +116,30 @@ class LlamaCppLM(LanguageModel):
         self._clock = itertools.count(1)
         self.decode_calls = 0  # llama_decode calls that succeeded
         self.fed_tokens = 0  # tokens fed through the model, prompt and re-feeds included
-        # The batch points into numpy arrays, so filling it is vectorized. Each token's seq id
-        # pointer points at one entry of self._seq_ids (one sequence per token).
+        self._make_batch()
+
+    def _set_context_length(self, model: Any) -> None:
+        """``context_length``: ``n_ctx``, or the model's trained context where shorter; and
+        what to do about a prompt past it."""
+        n_ctx, n_ctx_train = self.n_ctx, getattr(self._ll, "llama_model_n_ctx_train", None)
+        trained = int(n_ctx_train(model)) if n_ctx_train is not None else 0
+        self.context_length = min(n_ctx, trained) if trained > 0 else n_ctx
+        if self.context_length == n_ctx and n_ctx != trained:
+            upto = f", up to its trained context of {trained}" if trained > 0 else ""
+            self._context_hint = f"load the model with a larger n_ctx (now n_ctx={n_ctx}{upto})"
+        else:
+            self._context_hint = (f"the model was trained on {trained} tokens (n_ctx={n_ctx}); "
+                                  "shorten the prompt or lower max_new_tokens")
+
+    def _make_batch(self) -> None:
+        """The ``llama_batch`` every decode fills. It points into numpy arrays, so filling it
+        is vectorized; each token's seq id pointer points at one entry of ``_seq_ids`` (one
+        sequence per token)."""
+        ll, n_ctx = self._ll, self.n_ctx
         self._tok, self._pos, self._n_seq = (np.zeros(n_ctx, np.int32) for _ in range(3))
         self._n_seq[:] = 1
         self._logits = np.zeros(n_ctx, np.int8)
-        self._seq_ids = np.arange(max_slots, dtype=np.int32)
+        self._seq_ids = np.arange(self.max_slots, dtype=np.int32)
         self._seq_ptr = np.zeros(n_ctx, np.uintp)
 
         def ptr(a: np.ndarray, ctype: Any) -> Any:

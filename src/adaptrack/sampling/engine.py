@@ -276,17 +276,6 @@ class Engine:
         if not req.done:
             self._fail(req, err, fall_back=False)
 
-    def drop(self, req: Request, i: int) -> None:
-        """Stop sample ``i`` of ``req`` between steps without an answer (a server that cut
-        it at a stop string has what it needs): its walk is closed and asks the model for
-        nothing more, and the request is done once its other samples are. A sample not
-        running is left as it is."""
-        slot = req._slots.pop(i, None)
-        if slot is None:
-            return
-        slot.walk.close()
-        self._close_if_finished(req)
-
     def prefixes(self, req: Request) -> dict[int, Node]:
         """The prefix each running walk of ``req`` waits at, by sample index: for methods
         that never go back (``cd``, ``unconstrained``) the sample so far, which a server

@@ -41,7 +41,7 @@ from ..sampling.engine import Engine, Request
 from ..sampling.tree import PrefixTree
 from .events import Choice, Delta, Done, Event, Failed, Final
 from .metrics import Metrics
-from .prefixes import held_back, logprobs_to, path_logprobs, stop_cut, text_so_far
+from .prefixes import held_back, logprobs_to, path_logprobs, text_so_far
 
 #: The tree cache's default bound in bytes (an estimate of each tree's memory:
 #: :func:`tree_bytes`).
@@ -53,7 +53,7 @@ SEARCH_SECONDS = 60.0
 #: state): an estimate for :func:`tree_bytes`.
 NODE_BYTES = 400
 #: Methods whose walks never go back: a choice's prefix is final as it grows, so it can be
-#: streamed token by token and cut at a stop string while the walk runs.
+#: streamed token by token while the walk runs.
 FORWARD_ONLY = ("cd", "unconstrained")
 
 
@@ -93,10 +93,6 @@ def tree_bytes(tree: PrefixTree) -> int:
     return tree.opened_bytes + tree.cache_bytes + tree.num_nodes * per_node
 
 
-class _Finished(Exception):
-    """Every choice of a request is final (each hit a stop string): its walks can stop."""
-
-
 @dataclass(eq=False)
 class Job:
     """One HTTP request in the engine: a prepared call per prompt, the tree keys, the
@@ -117,14 +113,10 @@ class Job:
     _sent: dict[int, tuple[str, int]] = field(default_factory=dict)  # text, tokens streamed
 
     @property
-    def total(self) -> int:
-        return len(self.calls) * self.opts.n
-
-    @property
     def watched(self) -> bool:
-        """Whether the prefixes are read after each step: streamed token by token, or cut
-        at a stop string while the walk runs (methods that never go back)."""
-        return self.opts.method in FORWARD_ONLY and bool(self.opts.stream or self.opts.stop)
+        """Whether the prefixes are read after each step to be streamed token by token
+        (methods that never go back)."""
+        return self.opts.method in FORWARD_ONLY and self.opts.stream
 
 
 class EngineLoop:
@@ -301,17 +293,12 @@ class EngineLoop:
         self._running.append(job)
 
     def _sampled(self, job: Job, k: int, sample: Sample) -> None:
-        """A sample of prompt ``k`` finished: its choice is final (unless a stop string
-        already ended it)."""
+        """A sample of prompt ``k`` finished: its choice is final. A stop string ended it
+        as the constraint's (:func:`~adaptrack.constraints.with_stop`), which cut the text."""
         call = job.calls[k]
         i = next(j for j, s in enumerate(call.samples) if s is sample)
         index = k * job.opts.n + i
-        if index in job.choices:
-            return
         text, reason = sample.text, "stop" if sample.complete else "length"
-        cut = stop_cut(text, job.opts.stop)
-        if cut >= 0:
-            text, reason = text[:cut], "stop"
         logprobs = (path_logprobs(call.tree, sample.tokens) if job.opts.logprobs else None)
         self._final(job, Choice(index, text, reason, sample.tokens, logprobs))
 
@@ -328,8 +315,8 @@ class EngineLoop:
         self._emit(job, Final(choice))
 
     def _watch(self, job: Job) -> None:
-        """After a step: stream each running choice's new text, and end the choices whose
-        text holds a stop string; once every choice is final, stop the walks."""
+        """After a step: stream each running choice's new text, holding back what could
+        start a stop string."""
         stops, n, vocab = job.opts.stop, job.opts.n, self.lm.vocab
         for k, req in enumerate(job.requests):
             if req.done:
@@ -339,14 +326,6 @@ class EngineLoop:
                 if index in job.choices:
                     continue
                 text = text_so_far(vocab.decode(node.tokens))
-                cut = stop_cut(text, stops)
-                if cut >= 0:
-                    lps = logprobs_to(node) if job.opts.logprobs else None
-                    self._final(job, Choice(index, text[:cut], "stop", node.tokens, lps))
-                    self.engine.drop(req, i)  # its walk asks the model for nothing more
-                    continue
-                if not job.opts.stream:
-                    continue
                 visible = len(text) - held_back(text, stops)
                 sent, ntok = job._sent.get(index, ("", 0))
                 # Whole tokens only, so that a piece's tokens and log-probs match its text.
@@ -359,10 +338,6 @@ class EngineLoop:
                     self._emit(job, Delta(index, shown[len(sent):], node.tokens[ntok:upto],
                                           lps))
                     job._sent[index] = (shown, upto)
-        if len(job.choices) == job.total:
-            for req in job.requests:
-                self.engine.cancel(req, _Finished())
-            self._finish(job)
 
     def _cancel(self, job: Job, reason: BaseException) -> None:
         if job.over:
@@ -383,8 +358,7 @@ class EngineLoop:
         if job in self._running:
             self._running.remove(job)
         if error is None:
-            error = next((r.error for r in job.requests
-                          if r.error is not None and not isinstance(r.error, _Finished)), None)
+            error = next((r.error for r in job.requests if r.error is not None), None)
         if error is not None:
             for req in job.requests:
                 self.engine.cancel(req, error)

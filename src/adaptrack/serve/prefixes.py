@@ -1,8 +1,9 @@
-"""What the engine loop reads off a walk's prefix while it runs: its text so far, where a
-stop string cuts it, how much of it may be streamed, and the log-probabilities along it.
+"""What the engine loop reads off a walk's prefix while it runs: its text so far, how much
+of it may be streamed (stop strings end and cut the text in the constraint:
+:func:`adaptrack.constraints.with_stop`), and the log-probabilities along it.
 
->>> held_back("say st", ("stop",)), stop_cut("say stop", ("stop",))
-(2, 4)
+>>> held_back("say st", ("stop",))
+2
 """
 
 from __future__ import annotations
@@ -10,23 +11,6 @@ from __future__ import annotations
 import codecs
 
 from ..sampling.tree import Node, PrefixTree
-
-
-def stop_cut(text: str, stops: tuple[str, ...]) -> int:
-    """Where ``text`` is cut by its stop strings: before the one that ends first (the one a
-    token-by-token check meets first; at equal ends the longer), or -1 when none occurs.
-
-    >>> stop_cut("a, b. c", (".", ", b"))
-    1
-    >>> stop_cut("abc", ("x",))
-    -1
-    """
-    best: tuple[int, int] | None = None
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best is None or (i + len(s), i) < best):
-            best = (i + len(s), i)
-    return -1 if best is None else best[1]
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..constraints.base import Constraint
+from ..constraints.compose import with_stop
 from ..errors import GrammarError, PromptTooLongError
 from ..generate import PreparedCall, prepare
 from ..lm.base import LanguageModel
@@ -114,6 +115,13 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
             constraint = spec.build()
         except (GrammarError, ValueError, TypeError) as err:
             raise bad(str(req.constraint_field), " ".join(str(err).split())) from None
+    # Stop strings end the constraint's sequences, so a search targets them (docs/design.md
+    # §2), and they are part of what determines the tree.
+    try:
+        constraint = with_stop(constraint, req.stop)
+    except (ValueError, TypeError) as err:
+        raise bad("stop", " ".join(str(err).split())) from None
+    key = None if spec is None else spec.key
     if isinstance(req, ChatCompletionRequest):
         prompts = _messages(lm, req, chat_template)
         max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
@@ -140,7 +148,7 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
     return Options(kind, prompts, sampling, req.stop,
                    req.logprobs is not None and req.logprobs is not False, req.stream,
                    req.include_usage, constraint, req.constraint_field,
-                   None if spec is None else spec.key, req.max_seconds)
+                   (key, req.stop) if req.stop else key, req.max_seconds)
 
 
 def constraint_spec(req: BaseRequest) -> ConstraintSpec | None:
