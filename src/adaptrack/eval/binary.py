@@ -23,15 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..constraints import Choice, choice
-from .runner import (
-    PAPER_OPTIONS,
-    Job,
-    ModelTask,
-    Record,
-    check_methods,
-    check_study,
-    seed_for,
-)
+from .jobs import Job, Record
+from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
 
 PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")

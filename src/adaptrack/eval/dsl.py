@@ -37,15 +37,8 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from .codetask import file_digest
-from .runner import (
-    PAPER_OPTIONS,
-    Job,
-    ModelTask,
-    Record,
-    check_methods,
-    check_study,
-    seed_for,
-)
+from .jobs import Job, Record
+from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
 
 #: Dataset file stems and the names the paper's Table 4 gives them, in its column order.
 DATASETS = {"slia": "SLIA", "invbv": "INV-BV", "cp": "CP", "binary": "binary"}

@@ -27,166 +27,32 @@ from __future__ import annotations
 
 import fcntl
 import gzip
-import hashlib
 import json
-import multiprocessing
 import os
-import signal
 import stat
-import sys
 import zlib
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
-from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
+from ..errors import AdaptrackError, ResultsMismatchError
+from ..errors import WorkerError as WorkerError
 from .jobs import Job as Job
 from .jobs import Pool as Pool
 from .jobs import Record as Record
 from .jobs import Task as Task
 from .jobs import available_cpus as available_cpus
 from .jobs import group_size as group_size
-from .jobs import grouped as _groups
-from .jobs import timed_group as _timed_group
+from .modeltask import PAPER_OPTIONS as PAPER_OPTIONS
+from .modeltask import ModelTask as ModelTask
+from .modeltask import check_methods as check_methods
+from .modeltask import check_study as check_study
+from .modeltask import seed_for as seed_for
+from .pools import POOLS as POOLS
+from .pools import InProcess as InProcess
+from .pools import Processes as Processes
+from .pools import pool as pool
 from .sandbox import STATUSES
-
-if TYPE_CHECKING:
-    from ..generate import GenerationResult
-
-class InProcess:
-    """Run jobs one after another in this process."""
-
-    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
-        if jobs:
-            task.setup()
-        for group in _groups(task, jobs):
-            yield from _timed_group(task, group)
-
-
-_WORKER_TASK: Task | None = None
-_WORKER_ERROR: str | None = None
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel stop this worker when the process that started it dies (Linux).
-
-    A parent stopped by SIGTERM or SIGKILL runs no cleanup, and an orphaned worker would go on
-    computing jobs (holding gigabytes and a core) whose records nobody collects."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # no prctl here: the worker outlives its parent
-            return
-    if os.getppid() != parent:  # the parent died before the request took hold
-        os._exit(1)
-
-
-def _init_worker(task: Task, threads: int, parent: int = 0) -> None:
-    global _WORKER_TASK, _WORKER_ERROR
-    if parent:
-        _die_with_parent(parent)
-    try:
-        task.setup(threads)
-    except Exception as err:  # reported with the first job, as the library's error
-        _WORKER_ERROR = f"{type(err).__name__}: {err}"
-    _WORKER_TASK = task
-
-
-def _run_in_worker(jobs: list[Job]) -> list[Record]:
-    if _WORKER_ERROR is not None:
-        raise WorkerError(f"a worker process could not set up: {_WORKER_ERROR}")
-    assert _WORKER_TASK is not None
-    return _timed_group(_WORKER_TASK, jobs)
-
-
-class Processes:
-    """Spread jobs over ``workers`` local processes, each loading the model once and
-    using ``cpus // workers`` threads. Jobs are handed out in order (in groups, for a task
-    with ``run_many``: :func:`group_size`), a few ahead, so
-    neighbouring jobs (the same problem's methods) stay close in time. When a job fails or
-    the run is interrupted, the records already finished are yielded first and the workers
-    are stopped without waiting for the jobs they hold."""
-
-    def __init__(self, workers: int) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
-        self.workers = workers
-
-    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
-        if not jobs:
-            return
-        threads = max(1, available_cpus() // self.workers)
-        # spawn, not fork: a forked copy of a process that holds model threads can hang.
-        context = multiprocessing.get_context("spawn")
-        executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                       initializer=_init_worker,
-                                       initargs=(task, threads, os.getpid()))
-        pending: set[Future[list[Record]]] = set()
-        queue = iter(_groups(task, jobs))
-        clean = False
-        try:
-            for job in queue:
-                pending.add(executor.submit(_run_in_worker, job))
-                if len(pending) >= 2 * self.workers:
-                    break
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                failed: BaseException | None = None
-                for future in done:
-                    try:
-                        records = future.result()
-                    except BrokenExecutor as err:
-                        failed = failed or WorkerError(
-                            f"a worker process died ({err}); run with --workers 1 to see why")
-                        continue
-                    except BaseException as err:
-                        failed = failed or err
-                        continue
-                    yield from records
-                    nxt = next(queue, None)
-                    if nxt is not None and failed is None:
-                        pending.add(executor.submit(_run_in_worker, nxt))
-                if failed is not None:
-                    raise failed
-            clean = True
-        finally:
-            if clean:
-                executor.shutdown(wait=True)
-            else:  # do not wait for jobs whose records would be thrown away
-                for proc in list(getattr(executor, "_processes", {}).values()):
-                    proc.terminate()
-                executor.shutdown(wait=False, cancel_futures=True)
-
-
-POOLS = ("local", "ray")
-
-
-def pool(workers: int = 1, kind: str = "local", address: str | None = None) -> Pool:
-    """``kind="local"``: :class:`InProcess` for one worker, else :class:`Processes`;
-    ``kind="ray"``: ``workers`` Ray actors (:class:`~adaptrack.eval.raypool.RayPool`) on the
-    cluster at ``address``, or on a local Ray when it is None.
-
-    >>> type(pool(2)).__name__
-    'Processes'
-    >>> pool(2, kind="dask")
-    Traceback (most recent call last):
-    ...
-    ValueError: pool kind must be one of local, ray, got 'dask'
-    """
-    if kind not in POOLS:
-        raise ValueError(f"pool kind must be one of {', '.join(POOLS)}, got {kind!r}")
-    if kind == "ray":
-        from .raypool import RayPool
-
-        return RayPool(workers, address)
-    if address is not None:
-        raise ValueError(f"address is for kind='ray', got {address!r} with kind='local'")
-    return InProcess() if workers == 1 else Processes(workers)
-
 
 LINE_LIMIT = 64 * 2**20
 """The longest line a results file may hold, in bytes. Reading stops there, so a huge or
@@ -627,112 +493,3 @@ def run(
         return results.records
     finally:
         results.close()
-
-
-def seed_for(seed: int, *parts: Any) -> int:
-    """A stable per-job seed from the run's seed and the job's identity (any order of
-    execution gives every job the same random stream)."""
-    digest = hashlib.sha256(repr((seed, *parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
-class ModelTask:
-    """What tasks that sample from a model share: the model spec and its lazy loading.
-
-    Subclasses are dataclasses with ``model``, ``backend``, ``device`` and ``dtype`` fields
-    (:func:`~adaptrack.lm.load.load_model`'s); the loaded model stays out of pickles, so a
-    task travels to workers as its options only.
-    """
-
-    model: str | None
-    backend: str
-    device: str
-    dtype: str = "auto"
-    _lm: Any = None
-
-    def setup(self, threads: int | None = None) -> None:
-        if self._lm is None:
-            from ..lm.load import load_model
-
-            self._lm = load_model(self.model, backend=self.backend, device=self.device,
-                                  threads=threads, dtype=self.weights_dtype())
-
-    def weights_dtype(self) -> str:
-        """The ``dtype`` the model loads with."""
-        return self.dtype
-
-    @property
-    def lm(self) -> Any:
-        self.setup()
-        return self._lm
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_lm"] = None
-        return state
-
-    def model_config(self) -> dict[str, Any]:
-        # ``auto`` is determined by the device (float16 on CUDA, float32 on a CPU) and is left
-        # out, so results files made before the option existed still resume.
-        precision = {} if self.dtype == "auto" else {"dtype": self.dtype}
-        return {"model": self.model or "default", "backend": self.backend,
-                "device": self.device, **precision}
-
-    def greedy_and_sampled(
-        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
-        batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
-    ) -> list[Record]:
-        """Per ``(head, options)``: one greedy and ``n`` sampled ``generate`` calls, all on one
-        engine; ``finish(head, greedy, sampled)`` makes the record. A job whose calls raised
-        an ``AdaptrackError`` gets ``{**head, "error": ...}``: the run goes on and the report
-        scores it as a miss; any other exception is a bug and propagates."""
-        from ..generate import generate_each
-
-        out = generate_each(self.lm, [c for _, options in calls for c in (
-            dict(PAPER_OPTIONS, **options, temperature=0),
-            dict(PAPER_OPTIONS, **options, n=n, temperature=temperature))],
-            batch_size=batch_size)
-        records = []
-        for k, (head, _) in enumerate(calls):
-            greedy, sampled = out[2 * k], out[2 * k + 1]
-            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
-            if isinstance(err, AdaptrackError):
-                records.append({**head, "error": f"{type(err).__name__}: {err}"})
-            elif err is not None:
-                raise err
-            else:
-                records.append(finish(head, greedy, sampled))
-        return records
-
-
-#: What every evaluation task asks of ``generate`` unless it says otherwise: the AdapTrack
-#: paper's target (a text ends only at EOS) and a search past its budget scored as a miss,
-#: never finished by the CD fallback (docs/design.md §2, §6).
-PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "fallback": None}
-
-
-def check_study(study: str, n: int, most: int, temperature: float) -> None:
-    """ValueError unless a study that compares distributions (binary, DSL) has 1 <= n <=
-    ``most`` samples per method (one method's samples are one results line) and a
-    temperature > 0.
-
-    >>> check_study("binary", 10, 100, 0.0)
-    Traceback (most recent call last):
-    ...
-    ValueError: the binary study compares distributions: temperature must be > 0
-    """
-    if not 1 <= n <= most:
-        raise ValueError(f"n must be at least 1 and at most {most:,} (one method's "
-                         f"samples are one results line), got {n}")
-    if not temperature > 0:
-        raise ValueError(f"the {study} study compares distributions: temperature must be > 0")
-
-
-def check_methods(methods: tuple[str, ...]) -> None:
-    """ValueError naming the first unknown method (before any model is loaded)."""
-    from ..generate import METHODS
-
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
-                         if bad else "give at least one method")

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..constraints import API_TERMINATORS, Choice, anything, api_names, choice
-from .runner import Job, ModelTask, Record, check_methods, seed_for
+from .jobs import Job, Record
+from .modeltask import ModelTask, check_methods, seed_for
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names, write_names
 
 if TYPE_CHECKING:

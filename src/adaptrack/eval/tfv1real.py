@@ -77,7 +77,7 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from ..lm.default import cache_dir
-from .runner import Job
+from .jobs import Job
 from .tfv1 import ApiProblem, ApiTask
 
 #: The longest prompt kept, in tokens of the model's tokenizer (the paper: 4 096 - 512).
