@@ -4,9 +4,8 @@ An evaluation is a :class:`Task`: a picklable description (model, sampling optio
 lists its jobs (one problem × method × setting each), loads what it needs once per worker
 (:meth:`Task.setup`) and turns one job into one JSON record (:meth:`Task.run`; a task
 may also run a group of jobs together, ``run_many``, to share batched model calls). A
-:class:`Pool` runs jobs and yields records as they finish: :class:`InProcess` (one at a
-time, here) and :class:`Processes` (local worker processes). A distributed pool (a cluster
-queue, Ray, …) is another class with the same ``imap`` method; :func:`run` does not change.
+:class:`Pool` runs jobs and yields records as they finish (:mod:`~adaptrack.eval.pools`:
+in this process, local worker processes, Ray actors); :func:`run` does not depend on which.
 
 The results file starts with one header line, ``{"header": {...task.config()}}``; each later
 line is one job's record, written and flushed as soon as the job finishes. :func:`run` on an
@@ -18,7 +17,8 @@ dropped. One run at a time writes a file (an exclusive lock); every record is st
 
 Resuming and reporting read a file the same way (:func:`parse_results`): a path that is not
 a regular file is refused unread (a device or a FIFO may never end), no line may exceed
-:data:`LINE_LIMIT`, and every line is checked against its task, so a bad file fails with
+:data:`LINE_LIMIT`, and every line is checked against its task's declaration (the header
+fields and record check of :mod:`~adaptrack.eval.registry`), so a bad file fails with
 one :class:`ResultsMismatchError` that names the line (docs/design.md §6), and a run never
 appends to a file its report could not read.
 """
@@ -37,12 +37,19 @@ from typing import IO, Any, BinaryIO
 
 from ..errors import AdaptrackError, ResultsMismatchError
 from ..errors import WorkerError as WorkerError
+from .checks import INT as INT
+from .checks import NUMBER as NUMBER
+from .checks import POSITIVE as POSITIVE
+from .checks import STR as STR
+from .checks import Check as Check
+from .checks import fields
 from .jobs import Job as Job
 from .jobs import Pool as Pool
 from .jobs import Record as Record
 from .jobs import Task as Task
 from .jobs import available_cpus as available_cpus
 from .jobs import group_size as group_size
+from .jobs import grouped as _groups  # noqa: F401  (the name tests and older code use)
 from .modeltask import PAPER_OPTIONS as PAPER_OPTIONS
 from .modeltask import ModelTask as ModelTask
 from .modeltask import check_methods as check_methods
@@ -52,7 +59,8 @@ from .pools import POOLS as POOLS
 from .pools import InProcess as InProcess
 from .pools import Processes as Processes
 from .pools import pool as pool
-from .sandbox import STATUSES
+from .registry import HEADERS as HEADERS
+from .registry import RECORDS as RECORDS
 
 LINE_LIMIT = 64 * 2**20
 """The longest line a results file may hold, in bytes. Reading stops there, so a huge or
@@ -179,188 +187,9 @@ class ResultsFile:
             self._file.close()
 
 
-# -- what a results file must hold ------------------------------------------------------
-# A check maps a value to whether it is acceptable, with the words an error message uses.
-
-Check = tuple[Callable[[Any], bool], str]
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _list_of(item: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda x: isinstance(x, list) and len(x) > 0 and all(item(i) for i in x)
-
-
-STR: Check = (lambda x: isinstance(x, str), "a string")
-INT: Check = (_is_int, "an integer")
-POSITIVE: Check = (lambda x: _is_int(x) and x > 0, "a positive integer")
-NUMBER: Check = (_is_num, "a number")
-
-
-def _target_row(x: Any) -> bool:
-    return (isinstance(x, list) and len(x) == 3 and _list_of(_is_int)(x[0])
-            and _is_num(x[1]) and isinstance(x[2], str))
-
-
-def _backtrack(x: Any) -> bool:
-    return x is None or (_is_int(x) and x >= 0)
-
-
-# A sweep's header lists its values (eval/tfv1.py ApiTask); a record holds one of them.
-_SWEEP_HEADER: dict[str, Check] = {
-    "temperature": (lambda x: _is_num(x) or _list_of(_is_num)(x),
-                    "a number or a non-empty list of numbers"),
-    "max_backtrack": (lambda x: _backtrack(x) or _list_of(_backtrack)(x),
-                      "an integer >= 0, null, or a non-empty list of them")}
-_SWEEP: dict[str, Check] = {"temperature": NUMBER,
-                            "max_backtrack": (_backtrack, "an integer >= 0 or null")}
-_TFV1_HEADER: dict[str, Check] = {
-    "model": STR, "backend": STR, "device": STR, "n": POSITIVE, **_SWEEP_HEADER,
-    "max_new_tokens": POSITIVE, "seed": INT, "tf_version": STR}
-
-# eval/codetask.py CodeTask.config()
-_CODE_HEADER: dict[str, Check] = {
-    "model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
-    "top_p": NUMBER, "max_new_tokens": POSITIVE, "seed": INT, "timeout": NUMBER,
-    "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
-    "allow_truncated": (lambda x: isinstance(x, bool), "true or false"),
-    "memory_bytes": POSITIVE, "data": STR}
-
 #: Header options added after results files were written, with the value those files ran
 #: with: such a file resumes under that value.
 ADDED_LATER: dict[str, Any] = {"allow_truncated": False}
-
-HEADERS: dict[str, dict[str, Check]] = {
-    "tfv1": _TFV1_HEADER,
-    "tfv1real": {**_TFV1_HEADER, "packages": (_list_of(lambda x: isinstance(x, str)),
-                                              "a non-empty list of strings"),
-                 "max_prompt_tokens": POSITIVE, "tokenizer": STR},
-    "binary": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
-               "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
-    "humaneval": _CODE_HEADER, "mbpp": {**_CODE_HEADER, "shots": INT},
-    "dsl": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
-            "top_p": NUMBER, "max_new_tokens": POSITIVE,
-            "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
-            "seed": INT, "data": STR},
-}
-"""The options of each known task's header, by type (each may be absent: a run compares
-the whole header with its options anyway)."""
-
-_STAMPS: dict[str, Check] = {"started_at": NUMBER, "finished_at": NUMBER}
-_TFV1_JOB: dict[str, Check] = {
-    "problem": STR, "method": STR,
-    "setting": (lambda x: x is None or isinstance(x, str), "a string or null"),
-    "oracle": (lambda x: isinstance(x, dict) and len(x) > 0
-               and all(isinstance(v, str) for v in x.values()),
-               "an object of strings")}
-_TFV1_DONE: dict[str, Check] = {
-    "greedy": STR,
-    "samples": (_list_of(lambda x: isinstance(x, str)), "a non-empty list of strings"),
-    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
-    "lm_calls": INT, "seconds": NUMBER}
-_BINARY_RUN: dict[str, Check] = {
-    "samples": (_list_of(_list_of(_is_int)), "a non-empty list of token lists"),
-    "logprobs": (lambda x: isinstance(x, list) and all(_is_num(i) for i in x),
-                 "a list of numbers"),
-    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
-    "lm_calls": INT, "seconds": NUMBER}
-
-
-def _fields(obj: dict[str, Any], required: dict[str, Check],
-            optional: dict[str, Check] | None = None) -> str | None:
-    """What is wrong with ``obj``'s fields, or None."""
-    for name, (ok, words) in required.items():
-        if name not in obj:
-            return f"no {name!r} field"
-        if not ok(obj[name]):
-            return f"{name!r} is not {words}"
-    for name, (ok, words) in (optional or {}).items():
-        if name in obj and not ok(obj[name]):
-            return f"{name!r} is not {words}"
-    return None
-
-
-def _tfv1_record(r: Record) -> str | None:
-    wrong = _fields(r, _TFV1_JOB, {**_STAMPS, **_SWEEP})
-    if wrong or "error" in r:  # a job that raised keeps its error and no results
-        return wrong or _fields(r, {"error": STR})
-    return _fields(r, _TFV1_DONE, {"backtracks": NUMBER, "incomplete": INT})
-
-
-def _binary_record(r: Record) -> str | None:
-    if r["key"] == "target":
-        return _fields(r, {"target": (_list_of(_target_row),
-                                      "a non-empty list of [tokens, probability, text]")},
-                       {"seconds": NUMBER, **_STAMPS})
-    wrong = _fields(r, _BINARY_RUN, _STAMPS)
-    if wrong is None and len(r["logprobs"]) != len(r["samples"]):
-        wrong = f"{len(r['samples'])} samples but {len(r['logprobs'])} logprobs"
-    return wrong
-
-
-def _dsl_record(r: Record) -> str | None:
-    wrong = _fields(r, {"problem": STR, "dataset": STR, "method": STR},
-                    {**_STAMPS, "seconds": NUMBER})
-    if wrong or "error" in r:  # a job that raised keeps its error and no results
-        return wrong or _fields(r, {"error": STR})
-    if r["method"] == "target":
-        return _fields(r, {"target": (_list_of(_target_row),
-                                      "a non-empty list of [tokens, probability, text]")})
-    wrong = _fields(r, _BINARY_RUN, {"complete": (_list_of(lambda x: isinstance(x, bool)),
-                                                  "a non-empty list of booleans")})
-    if wrong is None and len(r["logprobs"]) != len(r["samples"]):
-        wrong = f"{len(r['samples'])} samples but {len(r['logprobs'])} logprobs"
-    return wrong
-
-
-def _completion(x: Any) -> bool:
-    """One scored completion of a code record (eval/codetask.py CodeTask._score)."""
-    return (isinstance(x, dict) and isinstance(x.get("text"), str)
-            and x.get("status") in STATUSES and isinstance(x.get("detail"), str)
-            and isinstance(x.get("parses"), bool)
-            and "names" in x and (x["names"] is None or isinstance(x["names"], bool)))
-
-
-_COMPLETION = "an object {text, status (" + "|".join(STATUSES) + "), detail, parses, names}"
-_CODE_DONE: dict[str, Check] = {
-    "greedy": (_completion, _COMPLETION),
-    "samples": (_list_of(_completion), f"a non-empty list of {_COMPLETION}"),
-    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
-    "lm_calls": INT, "seconds": NUMBER}
-_CODE_MORE: dict[str, Check] = {
-    "backtracks": NUMBER, "incomplete": INT, "exec_seconds": NUMBER,
-    "isolated": (lambda x: isinstance(x, bool), "a boolean")}
-
-
-def _code_record(prefix: str) -> Callable[[Record], str | None]:
-    """The record check of a code task whose problem ids start with ``prefix``."""
-    problem: Check = (lambda x: isinstance(x, str) and x.startswith(prefix),
-                      f"a {prefix}N problem id")
-
-    def check(r: Record) -> str | None:
-        wrong = _fields(r, {"problem": problem, "method": STR}, _STAMPS)
-        if wrong or "error" in r:  # a job that raised keeps its error and no results
-            return wrong or _fields(r, {"error": STR})
-        wrong = _fields(r, _CODE_DONE, _CODE_MORE)
-        if wrong is None and len(r["lm_requests"]) != len(r["samples"]):
-            wrong = f"{len(r['samples'])} samples but {len(r['lm_requests'])} lm_requests"
-        return wrong
-
-    return check
-
-
-RECORDS: dict[str, Callable[[Record], str | None]] = {
-    "tfv1": _tfv1_record, "tfv1real": _tfv1_record, "binary": _binary_record,
-    "humaneval": _code_record("HumanEval/"), "mbpp": _code_record("MBPP/"),
-    "dsl": _dsl_record}
-"""Each known task's record check: what is wrong with a record (an object with a string
-``key``), or None. A task not named here (a user's own) needs only the ``key``."""
 
 
 def _json_kind(value: Any) -> str:
@@ -417,7 +246,7 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
                     and isinstance(obj["header"].get("task"), str)):
                 break
             header = obj["header"]
-            wrong = _fields(header, {}, HEADERS.get(header["task"], {}))
+            wrong = fields(header, {}, HEADERS.get(header["task"], {}))
             if wrong:
                 raise ResultsMismatchError(f"{path}: header option {wrong}{hint}")
             continue
