@@ -19,7 +19,17 @@ from ..errors import AdaptrackError
 from . import metrics
 from .jobs import Record
 from .sweeps import backtrack_label
-from .tables import KS, METHOD_NAMES, _about, _coverage, _order, _pct, _pyplot, _table, wall_seconds
+from .tables import (
+    KS,
+    METHOD_NAMES,
+    coverage,
+    header_line,
+    method_table,
+    ordered_methods,
+    pct,
+    pyplot,
+    wall_seconds,
+)
 
 __all__ = ["API_TASKS", "api_report", "records_at", "sweep_points", "tfv1_scores"]
 
@@ -40,10 +50,10 @@ def tfv1_scores(records: list[Record]) -> dict[str, Any]:
                 cells[(r["method"], setting)][r["problem"]] = r
     if not cells:
         raise AdaptrackError("the results file has no finished TFv1 jobs yet")
-    common, dropped, _, n = _coverage(cells)
+    common, dropped, _, n = coverage(cells)
     out: dict[str, Any] = {"problems": len(common), "dropped": dropped,
                            "n": n, "settings": settings,
-                           "methods": _order(sorted({m for m, _ in cells})), "cells": {},
+                           "methods": ordered_methods(sorted({m for m, _ in cells})), "cells": {},
                            "errors": {}, "wall_seconds": wall_seconds(records),
                            "job_seconds": sum(r.get("seconds", 0.0) for r in records)}
     for (method, setting), by_problem in cells.items():
@@ -124,7 +134,7 @@ def api_report(header: dict[str, Any], records: list[Record],
     settings, methods, cells = s["settings"], s["methods"], s["cells"]
     ks = [k for k in KS if k == 1 or k <= s["n"]]
     lines = [f"# {task}: {s['problems']} problems, n = {s['n']}",
-             "", f"{_about(header)}, max_new_tokens {header.get('max_new_tokens')}, "
+             "", f"{header_line(header)}, max_new_tokens {header.get('max_new_tokens')}, "
              f"TensorFlow {header.get('tf_version')}. Wall time {s['wall_seconds'] / 60:.1f} "
              f"min ({s['job_seconds'] / 60:.1f} min of job time over all workers)."]
     if about is not None:
@@ -145,22 +155,22 @@ def api_report(header: dict[str, Any], records: list[Record],
         return {m: [fmt(cells[(m, st)]) if (m, st) in cells else blank for st in settings]
                 for m in methods}
 
-    em = per_setting(lambda c: " | ".join(_pct(c["em"][k]) for k in ks), len(ks))
+    em = per_setting(lambda c: " | ".join(pct(c["em"][k]) for k in ks), len(ks))
     calls = per_setting(lambda c: "{:.2f} ({:.2f}, {:.2f})".format(*c["calls"]))
     cost = per_setting(lambda c: f"{c['seconds']:.2f} | {c['lm_calls']:.1f} | "
                                  f"{c['backtracks']:.1f}", 3)
     lines += ["", f"## Exact match ({table})", "",
               "EM@1 is the greedy completion; EM@k for k > 1 is eq. 5 over the samples.", "",
-              *_table([f"{st} EM@{k}" for st in settings for k in ks], em),
+              *method_table([f"{st} EM@{k}" for st in settings for k in ks], em),
               "", "## Calls to the LM per sample (Table 5)", "",
               "avg (min, max): the mean over problems of each problem's average, minimum "
               "and maximum over its samples.", "",
-              *_table([f"{st} avg (min, max)" for st in settings], calls),
+              *method_table([f"{st} avg (min, max)" for st in settings], calls),
               "", "## Cost per problem", "",
               "Seconds for the greedy and the sampled completions; distinct prefixes the "
               "model evaluated (`lm_calls`) and backtracks, for the samples only.", "",
-              *_table([f"{st} {c}" for st in settings for c in ("s", "lm_calls", "backtracks")],
-                      cost)]
+              *method_table([f"{st} {c}" for st in settings
+                             for c in ("s", "lm_calls", "backtracks")], cost)]
     if plots is not None:
         lines += ["", f"![EM@k per method and setting]({_plot_tfv1(s, ks, Path(plots), task)})"]
     for name, values, at, figure in (
@@ -201,7 +211,7 @@ def _sweep_section(header: dict[str, Any], records: list[Record], task: str, nam
                   + " |", "|---" * (2 + len(labels)) + "|"]
         for m in first["methods"]:
             for k in ks:
-                row = [_pct(p["cells"][(m, st)]["sampled"][k]) if (m, st) in p["cells"] else ""
+                row = [pct(p["cells"][(m, st)]["sampled"][k]) if (m, st) in p["cells"] else ""
                        for p in points.values()]
                 lines.append(f"| {METHOD_NAMES.get(m, m)} ({st}) | {k} | " + " | ".join(row)
                              + " |")
@@ -226,7 +236,7 @@ def _sweep_section(header: dict[str, Any], records: list[Record], task: str, nam
 
 def _plot_sweep(points: dict[Any, dict[str, Any]], labels: list[str], ks: list[int],
                 name: str, out: Path, task: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     first = next(iter(points.values()))
     settings = first["settings"]
@@ -256,7 +266,7 @@ def _plot_sweep(points: dict[Any, dict[str, Any]], labels: list[str], ks: list[i
 
 
 def _plot_tfv1(s: dict[str, Any], ks: list[int], out: Path, task: str = "TFv1") -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     settings = s["settings"]
     fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 3.8), sharey=True,

@@ -1,7 +1,7 @@
 """What the TFv1 and TFv1Real runs share (:class:`ApiTask`): the TensorFlow settings and
 their constraints, the text of an API a completion wrote, the jobs (problem × method ×
 setting × sweep value), their records, and the declaration of their options and records
-(:data:`API_RECORD`, :data:`API_HEADER`), from which each task's
+(:func:`api_options`, :func:`api_record`, :data:`API_HEADER`), from which each task's
 :class:`~adaptrack.eval.taskspec.TaskSpec` is made.
 
 >>> api_text(".losses.log_loss(labels")
@@ -294,7 +294,12 @@ _DONE: dict[str, Check] = {
 
 
 def api_record(r: Record) -> str | None:
-    """What is wrong with an API task's record (:class:`ApiTask`), or None."""
+    """What is wrong with an API task's record (:class:`ApiTask`), or None.
+
+    >>> api_record({"key": "k", "problem": "p", "method": "cd", "setting": "v2",
+    ...             "oracle": {"v2": ".f"}, "greedy": ".f"})
+    "no 'samples' field"
+    """
     wrong = fields(r, _JOB, {**STAMPS, **_SWEEP})
     if wrong or "error" in r:  # a job that raised keeps its error and no results
         return wrong or fields(r, {"error": STR})

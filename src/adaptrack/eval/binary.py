@@ -33,7 +33,7 @@ from . import metrics
 from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields, samples_match
 from .jobs import Job, Record
 from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
-from .tables import METHOD_NAMES, _about, _order, _pyplot, _table, iid_kls
+from .tables import METHOD_NAMES, header_line, iid_kls, method_table, ordered_methods, pyplot
 from .taskspec import Option, TaskSpec, methods_option, model_options
 
 PROMPT = "Here is a random sequence of five bits: "
@@ -122,7 +122,12 @@ class BinaryTask(ModelTask):
 
 
 def binary_record(r: Record) -> str | None:
-    """What is wrong with a binary record (:class:`BinaryTask`), or None."""
+    """What is wrong with a binary record (:class:`BinaryTask`), or None.
+
+    >>> binary_record({"key": "cd", "samples": [[1]], "logprobs": [], "lm_requests": [1],
+    ...                "lm_calls": 1, "seconds": 0.1})
+    '1 samples but 0 logprobs'
+    """
     if r["key"] == "target":
         return fields(r, {"target": TARGET}, {"seconds": NUMBER, **STAMPS})
     return fields(r, TOKEN_SAMPLES, STAMPS) or samples_match(r, "logprobs")
@@ -147,7 +152,7 @@ def binary_scores(records: list[Record]) -> dict[str, Any]:
     support = list(logprob)
     out: dict[str, Any] = {"target": target, "text_of": text_of, "methods": {},
                            "support": len(support)}
-    for method in _order(list(runs)):
+    for method in ordered_methods(list(runs)):
         r = runs[method]
         seqs = [tuple(t) for t in r["samples"] if tuple(t) in target]
         n = len(seqs)
@@ -172,16 +177,19 @@ def binary_scores(records: list[Record]) -> dict[str, Any]:
 
 def binary_report(header: dict[str, Any], records: list[Record],
                   plots: str | os.PathLike[str] | None = None) -> str:
+    """Table 4 for the binary study: per method the exact KL to the enumerated target, the
+    paper's sample KL, P(00000) and costs; with ``plots``, Figure 4 (KL over sliding
+    windows)."""
     s = binary_scores(records)
     target, methods = s["target"], s["methods"]
     p0 = sum(p for t, p in target.items() if s["text_of"][t] == "00000")
     lines = [f"# Binary (RQ4): five random bits, {header.get('n')} samples per method", "",
-             f"{_about(header)}; prompt {header.get('prompt')!r}.", "",
+             f"{header_line(header)}; prompt {header.get('prompt')!r}.", "",
              f"Exact target by enumeration: {len(target)} token sequences, "
              f"P(00000 | c) = {p0:.4f}.", ""]
     if not methods:
         return "\n".join([*lines, "No method has finished yet."])
-    lines += _table(["KL to target (exact)", "sample KL (paper)", "P(00000)", "calls/sample",
+    lines += method_table(["KL to target (exact)", "sample KL (paper)", "P(00000)", "calls/sample",
                      "lm_calls", "seconds"],
                     {m: [f"{r['kl']:.4f}", f"{r['sample_kl']:.4f}", f"{r['p00000']:.4f}",
                          f"{r['calls_per_sample']:.2f}", str(r["lm_calls"]),
@@ -206,7 +214,7 @@ def binary_report(header: dict[str, Any], records: list[Record],
 
 
 def _plot_binary(s: dict[str, Any], header: dict[str, Any], out: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for m, r in s["methods"].items():

@@ -16,7 +16,7 @@ from .checks import BOOL, INT, NUMBER, POSITIVE, STAMPS, STR, Check, fields
 from .codetask import MAX_SECONDS, METHODS
 from .jobs import Record
 from .sandbox import STATUSES
-from .tables import _about, _coverage, _order, _pct, _table, wall_seconds
+from .tables import coverage, header_line, method_table, ordered_methods, pct, wall_seconds
 from .taskspec import Option, methods_option
 
 __all__ = ["CODE_HEADER", "CODE_KS", "CODE_OPTIONS", "CODE_TASKS", "code_record",
@@ -121,10 +121,10 @@ def code_scores(records: list[Record]) -> dict[str, Any]:
         by_method[r["method"]][r["problem"]] = r
     if not by_method:
         raise AdaptrackError("the results file has no finished jobs yet")
-    common, dropped, finished, n = _coverage(by_method)
+    common, dropped, finished, n = coverage(by_method)
     out: dict[str, Any] = {"problems": len(common), "dropped": dropped, "n": n,
                            "ks": [k for k in CODE_KS if k <= n],
-                           "methods": _order(list(by_method)), "cells": {}, "errors": {},
+                           "methods": ordered_methods(list(by_method)), "cells": {}, "errors": {},
                            "wall_seconds": wall_seconds(records),
                            "isolated": all(r.get("isolated", True) for r in finished)}
     nan = float("nan")
@@ -174,11 +174,11 @@ def code_report(header: dict[str, Any], records: list[Record], plots: Any = None
             continue
         c = cells[m]
         st = c["statuses"]
-        rows[m] = ([_pct(c["pass"]["greedy"]), *[_pct(c["pass"][k]) for k in ks],
-                    _pct(c["parses"])]
-                   + ([_pct(c["names"]) if c["names"] is not None else "n/a"]
+        rows[m] = ([pct(c["pass"]["greedy"]), *[pct(c["pass"][k]) for k in ks],
+                    pct(c["parses"])]
+                   + ([pct(c["names"]) if c["names"] is not None else "n/a"]
                       if with_names else [])
-                   + [" / ".join(_pct(st.get(x, 0.0)) for x in ("fail", "timeout", "error")),
+                   + [" / ".join(pct(st.get(x, 0.0)) for x in ("fail", "timeout", "error")),
                       f"{c['calls']:.1f}", f"{c['seconds']:.1f}"])
     shots = f", {header['shots']}-shot" if "shots" in header else ""
     seconds = header.get("max_seconds", 600.0)  # files without it ran at the default
@@ -187,7 +187,7 @@ def code_report(header: dict[str, Any], records: list[Record], plots: Any = None
     ends = ("cut there" if header.get("allow_truncated", False)
             else "the searching methods' completions end within it")
     lines = [f"# {title}: {s['problems']} problems, n = {s['n']}", "",
-             f"{_about(header)}, top-p {header.get('top_p')}, max_new_tokens "
+             f"{header_line(header)}, top-p {header.get('top_p')}, max_new_tokens "
              f"{header.get('max_new_tokens')} ({ends}), search budget {budget}, data "
              f"{header.get('data')}{shots}; sandbox limits {header.get('timeout')} s and "
              f"{(header.get('memory_bytes') or 0) / 2**20:.0f} MiB per program"
@@ -207,5 +207,5 @@ def code_report(header: dict[str, Any], records: list[Record], plots: Any = None
               "cut at max_new_tokens is not one); fail / timeout / error: how the other "
               "samples ended in the sandbox; s/problem: seconds from a problem's start until "
               "the method's last sample (a problem's methods share one engine, so their "
-              "times overlap).", "", *_table(columns, rows)]
+              "times overlap).", "", *method_table(columns, rows)]
     return "\n".join(lines)

@@ -241,7 +241,12 @@ class DslTask(ModelTask):
 
 
 def dsl_record(r: Record) -> str | None:
-    """What is wrong with a DSL record (:class:`DslTask`), or None."""
+    """What is wrong with a DSL record (:class:`DslTask`), or None.
+
+    >>> dsl_record({"key": "p/cd", "problem": "p", "dataset": "cp", "method": "cd",
+    ...             "error": "SearchTimeoutError: ..."}) is None
+    True
+    """
     wrong = fields(r, {"problem": STR, "dataset": STR, "method": STR},
                    {**STAMPS, "seconds": NUMBER})
     if wrong or "error" in r:  # a job that raised keeps its error and no results

@@ -20,11 +20,11 @@ from .jobs import Record
 from .tables import (
     METHOD_NAMES,
     METHOD_ORDER,
-    _about,
-    _order,
-    _pyplot,
-    _table,
+    header_line,
     iid_kls,
+    method_table,
+    ordered_methods,
+    pyplot,
     wall_seconds,
 )
 
@@ -126,7 +126,7 @@ def dsl_scores(records: list[Record]) -> dict[str, Any]:
     if not runs:
         raise AdaptrackError("the results file has no finished DSL jobs yet")
     # A method whose every job raised (a search limit) is no column: its errors are listed.
-    methods = _order(sorted({r["method"] for r in runs if "error" not in r}))
+    methods = ordered_methods(sorted({r["method"] for r in runs if "error" not in r}))
     dataset_of = {r["problem"]: r["dataset"] for r in runs}
     cells: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     errors: dict[str, list[str]] = defaultdict(list)
@@ -190,7 +190,7 @@ def dsl_report(header: dict[str, Any], records: list[Record],
     counts = Counter(s["dataset_of"][p] for p in common)
     many = "problem" if len(common) == 1 else "problems"
     lines = [f"# DSL benchmarks (RQ4): {len(common)} {many}, n = {header.get('n')}", "",
-             f"{_about(header)}, top_p {header.get('top_p')}, max_new_tokens "
+             f"{header_line(header)}, top_p {header.get('top_p')}, max_new_tokens "
              f"{header.get('max_new_tokens')}, samples end with EOS. Wall time "
              f"{s['wall_seconds'] / 60:.1f} min ({s['job_seconds'] / 60:.1f} min of job time "
              "over all workers)."]
@@ -216,7 +216,7 @@ def dsl_report(header: dict[str, Any], records: list[Record],
               "negative log-likelihood minus log n. Unconstrained: over every sample that "
               "ended, in the grammar or not (for reference: its target is P_LM itself); "
               "blank where some problem has no unconstrained sample that ended.", "",
-              *_table(columns, {m: [f"{s['table'][m][d]:.2f}" if d in s["table"][m] else ""
+              *method_table(columns, {m: [f"{s['table'][m][d]:.2f}" if d in s["table"][m] else ""
                                     for d in [*datasets, "average"]] for m in methods})]
     lines += _per_problem_section(s) + _excess_section(s) + _exact_sections(s)
     if plots is not None:
@@ -252,7 +252,7 @@ def _exact_sections(s: dict[str, Any]) -> list[str]:
                   f"The target P(· | c) enumerated: {len(target)} token sequences. KL(Q ‖ "
                   f"P(· | c)) in nats, with no unknown offset; a perfect sampler shows "
                   f"{noise.mean():.4f} on average from sampling noise alone.", "",
-                  *_table(["exact KL", "samples outside the target"],
+                  *method_table(["exact KL", "samples outside the target"],
                           {m: [f"{cells[p][m].get('exact_kl', math.nan):.4f}",
                                str(cells[p][m].get("outside_target", 0))]
                            for m in required})]
@@ -273,14 +273,14 @@ def _excess_section(s: dict[str, Any]) -> list[str]:
              "of the samples' log-probabilities; per dataset the mean over its problems. An "
              "interval above 0 is distortion the samples show; one that holds 0 shows none "
              "at this n (not its absence).", "",
-             *_table([DSL_COLUMNS[d] for d in datasets],
+             *method_table([DSL_COLUMNS[d] for d in datasets],
                      {m: [f"{s['excess'][m][d][0]:+.2f} ± {s['excess'][m][d][1]:.2f}"
                           if d in s["excess"][m] else "" for d in datasets] for m in shown})]
     return lines
 
 
 def _plot_dsl(s: dict[str, Any], dataset: str, header: dict[str, Any], out: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.8))
     mine = [p for p in s["common"] if s["dataset_of"][p] == dataset]

@@ -46,7 +46,13 @@ def spec(name: str) -> TaskSpec | None:
 
 def register(task: TaskSpec) -> TaskSpec:
     """Add a task (last in order): its flags, results files and report work from then on.
-    ValueError when a task of that name is registered already."""
+    ValueError when a task of that name is registered already.
+
+    >>> register(spec("dsl"))
+    Traceback (most recent call last):
+    ...
+    ValueError: a task named 'dsl' is registered already
+    """
     if task.name in TASKS:
         raise ValueError(f"a task named {task.name!r} is registered already")
     TASKS[task.name] = task

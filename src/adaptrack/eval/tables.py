@@ -2,7 +2,7 @@
 header's summary line, wall time over workers and resumed runs, the problems every method
 finished, the sampling noise of a perfect sampler, and matplotlib (optional).
 
->>> print("\\n".join(_table(["EM@1"], {"cd": ["50.00%"]})))
+>>> print("\\n".join(method_table(["EM@1"], {"cd": ["50.00%"]})))
 | Method | EM@1 |
 |---|---|
 | Constrained decoding | 50.00% |
@@ -19,7 +19,8 @@ import numpy as np
 from ..errors import AdaptrackError
 from .jobs import Record
 
-__all__ = ["KS", "METHOD_NAMES", "METHOD_ORDER", "iid_kls", "wall_seconds"]
+__all__ = ["KS", "METHOD_NAMES", "METHOD_ORDER", "coverage", "header_line", "iid_kls",
+           "method_table", "ordered_methods", "pct", "pyplot", "wall_seconds"]
 
 KS = (1, 3, 5, 10, 20)
 METHOD_NAMES = {"unconstrained": "Unconstrained decoding", "cd": "Constrained decoding",
@@ -27,23 +28,30 @@ METHOD_NAMES = {"unconstrained": "Unconstrained decoding", "cd": "Constrained de
 METHOD_ORDER = ("unconstrained", "cd", "asap", "adaptrack", "exact")
 
 
-def _order(methods: Sequence[str]) -> list[str]:
+def ordered_methods(methods: Sequence[str]) -> list[str]:
+    """The paper's methods in the paper's order, then any others by name.
+
+    >>> ordered_methods(["exact", "mine", "cd"])
+    ['cd', 'exact', 'mine']
+    """
     known = [m for m in METHOD_ORDER if m in methods]
     return known + sorted(m for m in methods if m not in METHOD_ORDER)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A share as a percentage with two decimals (``0.5`` is ``50.00%``)."""
     return f"{100 * x:.2f}%"
 
 
-def _table(columns: list[str], rows: dict[str, list[str]]) -> list[str]:
+def method_table(columns: list[str], rows: dict[str, list[str]]) -> list[str]:
     """Markdown lines of a table with a "Method" column, one row per method."""
     return (["| Method | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
             + [f"| {METHOD_NAMES.get(m, m)} | " + " | ".join(cells) + " |"
                for m, cells in rows.items()])
 
 
-def _about(header: dict[str, Any]) -> str:
+def header_line(header: dict[str, Any]) -> str:
+    """The model, backend, temperature and seed a results file ran with, for a report."""
     return (f"model `{header.get('model')}` (backend {header.get('backend')}), "
             f"temperature {header.get('temperature')}, seed {header.get('seed')}")
 
@@ -60,7 +68,7 @@ def wall_seconds(records: list[Record]) -> float:
     return total
 
 
-def _coverage(cells: Mapping[Any, dict[str, Record]]) -> tuple[set[str], int, list[Record],
+def coverage(cells: Mapping[Any, dict[str, Record]]) -> tuple[set[str], int, list[Record],
                                                                   int]:
     """Over cells of {problem: record}: the problems every cell has, how many problems some
     cell lacks, the records that finished without an error, and the smallest sample count
@@ -72,7 +80,8 @@ def _coverage(cells: Mapping[Any, dict[str, Record]]) -> tuple[set[str], int, li
     return common, len(every - common), finished, n
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on a file backend; AdaptrackError when it is not installed."""
     try:
         import matplotlib
 

@@ -115,7 +115,11 @@ def model_options(backend: str = "auto", dtype: bool = True,
     """The options of a task that samples from a model (:class:`~adaptrack.eval.modeltask.
     ModelTask`): the model, its backend (default ``backend``), device, weight precision
     (unless ``dtype`` is False: a study that needs float32), one sampling temperature
-    (unless the task declares its own) and the seed."""
+    (unless the task declares its own) and the seed.
+
+    >>> [o.dest for o in model_options(backend="transformers", dtype=False)]
+    ['model', 'backend', 'device', 'temperature', 'seed']
+    """
     out = [Option(("--model",), metavar="SPEC",
                   help="a .gguf path, a Hugging Face id or a local directory (default: the "
                        "default model)"),

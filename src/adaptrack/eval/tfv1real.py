@@ -317,7 +317,7 @@ class TFv1RealTask(ApiTask):
                 pass
 
 
-def _about(header: dict[str, Any], records: list[Record]) -> str:
+def _problems_line(header: dict[str, Any], records: list[Record]) -> str:
     """Where TFv1Real's problems come from, and how many oracles the constraint lacks."""
     packages = header.get("packages") or []
     text = (f"Problems from {len(packages)} PyPI packages, prompts of at most "
@@ -348,7 +348,7 @@ def _packages(path: str | None) -> tuple[str, ...]:
 def _report(header: dict[str, Any], records: list[Record], plots: Any = None) -> str:
     """Table 2 and Table 5 (:func:`~adaptrack.eval.apireport.api_report`), with where the
     problems come from."""
-    return api_report(header, records, plots, about=_about)
+    return api_report(header, records, plots, about=_problems_line)
 
 
 SPEC = TaskSpec(
