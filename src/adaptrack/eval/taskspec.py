@@ -97,6 +97,7 @@ class TaskSpec:
     model_options: tuple[Option, ...] = ()
     header: Mapping[str, Check] = field(default_factory=dict)
     record: Callable[[Record], str | None] | None = None
+    scores: Callable[[list[Record]], dict[str, Any]] | None = None
     plots: bool = True
 
     def build(self, values: Mapping[str, Any]) -> Task:

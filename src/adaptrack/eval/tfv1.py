@@ -47,7 +47,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..constraints import Choice, choice
-from .apireport import api_report
+from .apireport import api_report, tfv1_scores
 from .apitask import API_HEADER as API_HEADER
 from .apitask import METHODS as METHODS
 from .apitask import SETTINGS as SETTINGS
@@ -211,7 +211,7 @@ SPEC = TaskSpec(
                          metavar="S,S",
                          help="TensorFlow settings: v1, v2 or both (default: v1,v2)"),)),
     model_options=model_options(temperature=False), task=TFv1Task, header=API_HEADER,
-    record=api_record, report=api_report)
+    record=api_record, scores=tfv1_scores, report=api_report)
 """The declaration of the TFv1 task: its flags, header, records and report (Table 1)."""
 
 

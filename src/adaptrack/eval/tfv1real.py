@@ -68,7 +68,7 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from ..lm.default import cache_dir
-from .apireport import api_report
+from .apireport import api_report, tfv1_scores
 from .apitask import API_HEADER, ApiProblem, ApiTask, api_options, api_record, setting_names
 from .checks import POSITIVE, STR, strings
 from .dists import _REQUIREMENT, _text
@@ -364,7 +364,7 @@ SPEC = TaskSpec(
     model_options=model_options(temperature=False), task=TFv1RealTask,
     header={**API_HEADER, "packages": strings(), "max_prompt_tokens": POSITIVE,
             "tokenizer": STR},
-    record=api_record, report=_report)
+    record=api_record, scores=tfv1_scores, report=_report)
 """The declaration of the TFv1Real task: its flags, header, records and report (Table 2)."""
 
 
