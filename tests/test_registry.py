@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from adaptrack.cli import build_parser, main
+from adaptrack.cli import eval as cli_eval
 from adaptrack.errors import AdaptrackError, ResultsMismatchError
-from adaptrack.eval import registry, runner
+from adaptrack.eval import registry, runner, taskspec
 from adaptrack.eval.checks import INT, STR, fields
 from adaptrack.eval.report import report
 from adaptrack.eval.taskspec import Option, TaskSpec
@@ -28,6 +29,10 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def _eval_commands() -> dict[str, argparse.ArgumentParser]:
     return _subparsers(_subparsers(build_parser())["eval"])
+
+
+def test_the_command_line_parses_every_type_an_option_may_name():
+    assert set(cli_eval.TYPES) == set(taskspec.TYPES)
 
 
 def test_the_command_line_offers_every_registered_task_in_order():

@@ -6,18 +6,35 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..eval import registry
 from ..eval.pools import POOLS
 from ..eval.taskspec import Option
-from . import common
-from .common import Parser, UsageError, names, positive_int
+from .common import (
+    Parser,
+    UsageError,
+    names,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+    seconds,
+)
 
 HELP = ("run an evaluation (TFv1, TFv1Real, binary, DSL; HumanEval and MBPP code "
         "generation)")
 DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run resumes "
                "where it stopped.")
+
+
+#: The parsers a task's option names by a word (:data:`adaptrack.eval.taskspec.TYPES`).
+TYPES: dict[str, Callable[[str], Any]] = {
+    "positive_int": positive_int, "non_negative_int": non_negative_int,
+    "non_negative_float": non_negative_float, "positive_float": positive_float,
+    "probability": probability, "seconds": seconds}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +61,7 @@ def add_option(parser: argparse.ArgumentParser, option: Option) -> None:
     if option.names is not None:
         kind = names(option.names)
     elif isinstance(kind, str):
-        kind = getattr(common, kind)
+        kind = TYPES[kind]
     parser.add_argument(*option.flags, type=kind, default=option.default,
                         metavar=option.metavar, choices=option.choices,
                         required=option.required, help=option.help)
