@@ -124,7 +124,7 @@ def _cycle() -> list[str] | None:
 def test_the_graph_sees_the_imports():
     # A parser that found nothing would pass every check below.
     assert "adaptrack.constraints.base" in GRAPH["adaptrack.constraints.stop"]
-    assert "adaptrack.eval.raypool" in GRAPH["adaptrack.eval.runner"]  # inside a function
+    assert "adaptrack.eval.raypool" in GRAPH["adaptrack.eval.pools"]  # inside a function
     assert "adaptrack.lm.shared_attention" in GRAPH["adaptrack.lm.hf"]  # from . import x
     assert "adaptrack.constraints.anything" not in GRAPH["adaptrack.constraints.base"]
 

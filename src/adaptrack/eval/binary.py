@@ -18,20 +18,23 @@ AdapTrack with ``share_q`` learn across them, in the order recorded).
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..constraints import Choice, choice
-from .runner import (
-    PAPER_OPTIONS,
-    Job,
-    ModelTask,
-    Record,
-    check_methods,
-    check_study,
-    seed_for,
-)
+from ..errors import AdaptrackError
+from . import metrics
+from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields, samples_match
+from .jobs import Job, Record
+from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
+from .tables import METHOD_NAMES, header_line, iid_kls, method_table, ordered_methods, pyplot
+from .taskspec import Option, TaskSpec, methods_option, model_options
 
 PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")
@@ -113,3 +116,138 @@ class BinaryTask(ModelTask):
             "backtracks": res.stats["backtracks"],
             "seconds": time.perf_counter() - started,
         }
+
+
+# -- the declaration: record, report (Table 4, Figure 4), options ---------------------------
+
+
+def binary_record(r: Record) -> str | None:
+    """What is wrong with a binary record (:class:`BinaryTask`), or None.
+
+    >>> binary_record({"key": "cd", "samples": [[1]], "logprobs": [], "lm_requests": [1],
+    ...                "lm_calls": 1, "seconds": 0.1})
+    '1 samples but 0 logprobs'
+    """
+    if r["key"] == "target":
+        return fields(r, {"target": TARGET}, {"seconds": NUMBER, **STAMPS})
+    return fields(r, TOKEN_SAMPLES, STAMPS) or samples_match(r, "logprobs")
+
+
+def binary_scores(records: list[Record]) -> dict[str, Any]:
+    """KL of each method's samples to the exact target, the paper's sample KL (support: the
+    union of every method's samples), P(00000), and sliding-window KL (window n/4)."""
+    by_key = {r["key"]: r for r in records}
+    if "target" not in by_key:
+        raise AdaptrackError("the results file has no exact target yet (the 'target' job)")
+    target = {tuple(t): p for t, p, _ in by_key["target"]["target"]}
+    text_of = {tuple(t): text for t, _, text in by_key["target"]["target"]}
+    runs = {k: r for k, r in by_key.items() if k != "target" and "samples" in r}
+    # A sample outside the target (incomplete, or invalid) would make every KL infinite:
+    # it is counted apart and the KLs are over the rest.
+    logprob: dict[tuple[int, ...], float] = {}
+    for r in runs.values():
+        for t, lp in zip(r["samples"], r["logprobs"], strict=True):
+            if tuple(t) in target:
+                logprob[tuple(t)] = lp
+    support = list(logprob)
+    out: dict[str, Any] = {"target": target, "text_of": text_of, "methods": {},
+                           "support": len(support)}
+    for method in ordered_methods(list(runs)):
+        r = runs[method]
+        seqs = [tuple(t) for t in r["samples"] if tuple(t) in target]
+        n = len(seqs)
+        if not n:
+            continue
+        window, step = max(1, n // 4), max(1, n // 200)
+        out["methods"][method] = {
+            "n": n,
+            "kl": metrics.kl_divergence(Counter(seqs), target),
+            "sample_kl": metrics.sample_kl(seqs, logprob, support=support),
+            "p00000": sum(text_of[t] == "00000" for t in seqs) / n,
+            "lm_calls": r["lm_calls"],
+            "calls_per_sample": sum(r["lm_requests"]) / len(r["lm_requests"]),
+            "seconds": r["seconds"],
+            "window": window,
+            "step": step,
+            "sliding": metrics.sliding_kl(seqs, window, target=target, step=step),
+            "outside": len(r["samples"]) - n,
+        }
+    return out
+
+
+def binary_report(header: dict[str, Any], records: list[Record],
+                  plots: str | os.PathLike[str] | None = None) -> str:
+    """Table 4 for the binary study: per method the exact KL to the enumerated target, the
+    paper's sample KL, P(00000) and costs; with ``plots``, Figure 4 (KL over sliding
+    windows)."""
+    s = binary_scores(records)
+    target, methods = s["target"], s["methods"]
+    p0 = sum(p for t, p in target.items() if s["text_of"][t] == "00000")
+    lines = [f"# Binary (RQ4): five random bits, {header.get('n')} samples per method", "",
+             f"{header_line(header)}; prompt {header.get('prompt')!r}.", "",
+             f"Exact target by enumeration: {len(target)} token sequences, "
+             f"P(00000 | c) = {p0:.4f}.", ""]
+    if not methods:
+        return "\n".join([*lines, "No method has finished yet."])
+    lines += method_table(["KL to target (exact)", "sample KL (paper)", "P(00000)", "calls/sample",
+                     "lm_calls", "seconds"],
+                    {m: [f"{r['kl']:.4f}", f"{r['sample_kl']:.4f}", f"{r['p00000']:.4f}",
+                         f"{r['calls_per_sample']:.2f}", str(r["lm_calls"]),
+                         f"{r['seconds']:.1f}"] for m, r in methods.items()})
+    n = min(r["n"] for r in methods.values())
+    noise = iid_kls(target, n)
+    lines += ["", "KL to target: KL(empirical ‖ P(· | c)) in nats, the target enumerated. "
+              f"Sampling noise alone gives {noise.mean():.4f} on average and less than "
+              f"{float(np.quantile(noise, 0.99)):.4f} in 99 % of cases (KL of {n} independent "
+              "draws from the target, 1000 simulations). "
+              "Sample KL: the paper's estimate, the model's "
+              f"sequence probabilities renormalized over the {s['support']} sequences any "
+              "method drew; it differs from the exact KL by a constant shared by all "
+              "methods, so only differences between rows mean something."]
+    outside = {m: r["outside"] for m, r in methods.items() if r["outside"]}
+    if outside:
+        lines.append(f"Samples outside the target's support (incomplete or invalid), left "
+                     f"out of the KLs: {outside}.")
+    if plots is not None:
+        lines += ["", f"![KL over sliding windows]({_plot_binary(s, header, Path(plots))})"]
+    return "\n".join(lines)
+
+
+def _plot_binary(s: dict[str, Any], header: dict[str, Any], out: Path) -> Path:
+    plt = pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for m, r in s["methods"].items():
+        xs = [i * r["step"] for i in range(len(r["sliding"]))]
+        ax.plot(xs, r["sliding"], label=METHOD_NAMES.get(m, m))
+    window = next(iter(s["methods"].values()))["window"]
+    ax.axhline(iid_kls(s["target"], window).mean(), color="gray", linestyle=":",
+               label="sampling noise (i.i.d. from the target)")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"first sample of the window ({window} samples)")
+    ax.set_ylabel("KL to the exact target (nats)")
+    ax.set_title(f"Binary, {header.get('model')}: KL over sliding windows", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "binary-kl.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+SPEC = TaskSpec(
+    "binary", help="paper RQ4: five random bits, KL to the exact target",
+    description="Five random bits on a real model: valid are 00000 and any string starting "
+                "with 1. KL of each method's samples to the exact target (by enumeration) "
+                "and the paper's sample-based KL (Table 4, Figure 4).",
+    options=(methods_option(METHODS, "; adaptrack shares Q across samples, as in the paper"),
+             Option(("-n",), type="positive_int", default=2000,
+                    help="samples per method (default: 2000)")),
+    # float32 on every device (BinaryTask), so no --dtype
+    model_options=model_options(backend="transformers", dtype=False), task=BinaryTask,
+    header={"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
+            "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
+    record=binary_record, scores=binary_scores, report=binary_report)
+"""The declaration of the binary task: its flags, header, records and report."""
+

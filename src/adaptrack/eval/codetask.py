@@ -37,7 +37,8 @@ from ..constraints import DONE, Constraint, anything
 from ..constraints.stop import cut_text
 from ..errors import AdaptrackError
 from ..tokenization.vocab import Vocabulary
-from .runner import Job, ModelTask, Record, check_methods, seed_for
+from .jobs import Job, Record
+from .modeltask import ModelTask, check_methods, seed_for
 from .sandbox import Outcome, run_program
 
 if TYPE_CHECKING:

@@ -36,16 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
+from . import checks
+from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields
 from .codetask import file_digest
-from .runner import (
-    PAPER_OPTIONS,
-    Job,
-    ModelTask,
-    Record,
-    check_methods,
-    check_study,
-    seed_for,
-)
+from .dslreport import dsl_report, dsl_scores
+from .jobs import Job, Record
+from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
+from .taskspec import Option, TaskSpec, methods_option, model_options
 
 #: Dataset file stems and the names the paper's Table 4 gives them, in its column order.
 DATASETS = {"slia": "SLIA", "invbv": "INV-BV", "cp": "CP", "binary": "binary"}
@@ -240,5 +237,71 @@ class DslTask(ModelTask):
         }
 
 
-__all__ = ["DATASETS", "METHODS", "DslProblem", "DslTask", "data_digest", "problems",
-           "prompt_ids"]
+# -- the declaration: options, record --------------------------------------------------------
+
+
+def dsl_record(r: Record) -> str | None:
+    """What is wrong with a DSL record (:class:`DslTask`), or None.
+
+    >>> dsl_record({"key": "p/cd", "problem": "p", "dataset": "cp", "method": "cd",
+    ...             "error": "SearchTimeoutError: ..."}) is None
+    True
+    """
+    wrong = fields(r, {"problem": STR, "dataset": STR, "method": STR},
+                   {**STAMPS, "seconds": NUMBER})
+    if wrong or "error" in r:  # a job that raised keeps its error and no results
+        return wrong or fields(r, {"error": STR})
+    if r["method"] == "target":
+        return fields(r, {"target": TARGET})
+    complete = (checks.list_of(lambda x: isinstance(x, bool)), "a non-empty list of booleans")
+    return (fields(r, TOKEN_SAMPLES, {"complete": complete})
+            or checks.samples_match(r, "logprobs"))
+
+
+def parse_ids(text: str) -> tuple[str, ...]:
+    """``--problems``: comma-separated problem ids, in order, without repeats.
+
+    >>> parse_ids("a, b,a")
+    ('a', 'b')
+    """
+    return tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+
+
+SPEC = TaskSpec(
+    "dsl", help="paper RQ4: SLIA, INV-BV, CP and binary grammars, KL to the model",
+    description="Per DSL problem (the ASAp benchmarks: a prompt and a transformers-CFG EBNF "
+                "grammar) and method: n samples in one call, as the paper runs them (prompt "
+                "without special tokens, top_p 1, samples end with EOS, AdapTrack with "
+                "share_q); the report gives Table 4's KL(Q || P_LM) and Figure 4's "
+                "sliding-window KL.",
+    options=(
+        methods_option(METHODS),
+        Option(("--datasets",), names=tuple(DATASETS), metavar="D,D",
+               default=",".join(DATASETS),
+               help=f"datasets to run (default: {','.join(DATASETS)})"),
+        Option(("-n",), type="positive_int", default=2000,
+               help="samples per problem and method (default: 2000, the paper's)"),
+        Option(("--limit",), type="positive_int", metavar="N",
+               help="run the first N problems of each dataset"),
+        Option(("--problems",), metavar="ID,ID", type=parse_ids, keyword="problem_ids",
+               help="run only these problem ids (default: all of the datasets)"),
+        Option(("--max-new-tokens",), type="positive_int", default=MAX_NEW_TOKENS,
+               metavar="N", help=f"most tokens per sample (default: {MAX_NEW_TOKENS}, the "
+                                 "paper's)"),
+        Option(("--max-seconds",), type="seconds", default=None, metavar="S",
+               help="search budget of each job in seconds (default: none); past it the job "
+                    "is recorded as an error and left out of the report"),
+        Option(("--data",), metavar="DIR", default=DOCUMENTED_PLACE,
+               help="the directory of slia.jsonl, invbv.jsonl, cp.jsonl and binary.jsonl "
+                    f"(default: {DOCUMENTED_PLACE})")),
+    # float32 on every device, as for the binary study (DslTask), so no --dtype
+    model_options=model_options(backend="transformers", dtype=False), task=DslTask,
+    header={"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
+            "temperature": NUMBER, "top_p": NUMBER, "max_new_tokens": POSITIVE,
+            "max_seconds": checks.optional_number(), "seed": INT, "data": STR},
+    record=dsl_record, scores=dsl_scores, report=dsl_report)
+"""The declaration of the DSL task: its flags, header, records and report (Table 4)."""
+
+
+__all__ = ["DATASETS", "METHODS", "SPEC", "DslProblem", "DslTask", "data_digest", "dsl_record",
+           "parse_ids", "problems", "prompt_ids"]

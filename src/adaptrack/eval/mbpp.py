@@ -33,7 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
+from .checks import INT
+from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report, code_scores
 from .codetask import CodeProblem, CodeTask, file_digest
+from .taskspec import Option, TaskSpec, model_options
 
 #: The test split (task_ids, inclusive) and the few-shot problems.
 TEST_IDS = range(11, 511)
@@ -148,4 +151,19 @@ class MbppTask(CodeTask):
         return {"data": f"{Path(self.data).name} sha256:{digest}", "shots": self.shots}
 
 
-__all__ = ["MbppTask", "build_prompt", "problems", "read"]
+SPEC = TaskSpec(
+    "mbpp", help="MBPP: write short Python programs from a description and three tests",
+    description="Per MBPP test problem (task_ids 11-510) and method: one greedy and n "
+                "sampled programs (the MBPP paper's prompt, three-shot from task_ids 2-4 or "
+                "zero-shot), each run against the task's asserts in a sandboxed process; "
+                "pass@1, pass@k, parse and name-check shares (Table 3).",
+    options=(Option(("--data",), metavar="FILE", required=True,
+                    help="the MBPP release's mbpp.jsonl (full) or sanitized-mbpp.json"),
+             Option(("--shots",), type=int, choices=(0, 3), default=3,
+                    help="few-shot examples in the prompt: 3 (task_ids 2, 3, 4; default) or 0"),
+             *CODE_OPTIONS),
+    model_options=model_options(), task=MbppTask, header={**CODE_HEADER, "shots": INT},
+    record=code_record("MBPP/"), scores=code_scores, report=code_report, plots=False)
+"""The declaration of the MBPP task: its flags, header, records and report (Table 3)."""
+
+__all__ = ["SPEC", "MbppTask", "build_prompt", "problems", "read"]

