@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import RESULTS
 
 import adaptrack as at
 from adaptrack.cli import main
@@ -429,7 +430,7 @@ def test_eval_refuses_to_append_to_a_mixed_file(tmp_path):
 
 
 def test_shipped_results_files_pass_the_checks():
-    docs = Path(__file__).parent.parent / "docs" / "results"
+    docs = RESULTS
     if not (docs / "binary.jsonl.gz").exists():
         pytest.skip("docs/results is not in this checkout")
     header, records = runner.read_results(docs / "binary.jsonl.gz")
