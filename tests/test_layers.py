@@ -13,8 +13,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = ROOT / "src"
 PACKAGE = "adaptrack"
 
 # Higher imports lower; layers of one rank do not import each other (docs/design.md §4).

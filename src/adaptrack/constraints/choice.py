@@ -98,7 +98,7 @@ class _VocabTables:
     ``t``'s subtree, so both "tokens ending at ``t``" (``lo[t]:lo[t] + nend[t]``) and "tokens
     starting with the path to ``t``" (``lo[t]:hi[t]``) are slices of ``order``
     (:class:`~adaptrack.tokenization.vocab.TokenTrie` lists a node's own tokens on entry;
-    tests/test_choice_scale.py checks the masks against a brute-force reference).
+    tests/constraints/test_choice_scale.py checks the masks against a brute-force reference).
     """
 
     def __init__(self, vocab: Vocabulary) -> None:

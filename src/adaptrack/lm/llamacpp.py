@@ -21,7 +21,7 @@ the cache's used range reaches 512 cells (a split kernel). On the Q4_1 default m
 moves log-probs by up to ~1 nat on unlikely tokens (total variation up to ~0.07), as much
 as llama.cpp's flash vs. plain attention differ, or llama.cpp vs. the float32 model.
 Appending to branches whose cells stay in order is bitwise equal to a fresh evaluation
-(tests/test_llamacpp.py measures both).
+(tests/lm/test_llamacpp.py measures both).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ rounds spent:
   (``parallel=False``) keeps one attempt at a time.
 
 Each number is a function of earlier rounds, so every schedule is exact; the chi-square
-tests run each one (tests/test_distribution.py, tests/test_engine.py).
+tests run each one (tests/sampling/test_distribution.py, tests/sampling/test_engine.py).
 
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree (``sampling/bestfirst.py``).

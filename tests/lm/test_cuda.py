@@ -79,7 +79,7 @@ def test_log_probs_and_samples_match_the_cpu_model(cpu_model, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_exact_fits_its_target_on_the_device(cpu_model, device):
     """Chi-square of 4 000 ``exact`` samples against the enumerated target (tests/stats.py,
-    p > 1e-3 as in tests/test_distribution.py); the target equals the CPU model's."""
+    p > 1e-3 as in tests/sampling/test_distribution.py); the target equals the CPU model's."""
     lm = on(device, cpu_model)
     c = at.constraints.choice(WORDS)
     target = at.exact_distribution(lm, "ab ab", c, max_new_tokens=4)
@@ -149,7 +149,7 @@ def test_no_host_device_copy_per_row_or_token_beyond_the_log_probs(cpu_model, de
 def test_bfloat16_walks_of_a_shared_prompt_on_the_device(cpu_model, device, monkeypatch):
     """The benchmark's setting on a tiny model: bfloat16 on the device, walks of one prompt
     attending to it in place; rows near a fresh bfloat16 forward (bfloat16 rounding depends
-    on the path: 0.1 nats, as tests/test_transformers.py allows) and kept states stay in
+    on the path: 0.1 nats, as tests/lm/test_transformers.py allows) and kept states stay in
     bfloat16 on the device."""
     model, tok = cpu_model
     half = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)

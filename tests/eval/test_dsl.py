@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import SHARED
 
 pytest.importorskip("llguidance", reason="the DSL grammars run on llguidance")
 
@@ -17,7 +18,7 @@ import adaptrack as at
 from adaptrack.cli import main
 from adaptrack.eval import dsl, report, runner
 
-DSL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
+DSL_DIR = SHARED / "data" / "dsl"
 BITS = ('root ::= s\ns ::= "00000" | "1" b b b b\nb ::= Zero | "1"\nZero ::= "0"')
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import SHARED
 
 from adaptrack.cli import main
 from adaptrack.constraints import DONE, Matcher, State, json_schema, regex
@@ -16,7 +17,7 @@ from adaptrack.sampling.fastforward import forced_tokens
 from adaptrack.tokenization.tokenizer import Tokenizer
 from adaptrack.tokenization.vocab import Vocabulary
 
-LLAMA3 = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama3"  # ../shared
+LLAMA3 = SHARED / "tokenizers" / "llama3"
 
 # The seed's two schemas: optional orderId/orderName; required name_of_the_person/age.
 ORDER_SCHEMA = {

@@ -7,16 +7,14 @@ GGUF when it is set up; SentencePiece-style ones are built here, as no file of o
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
+from paths import SHARED
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers  # noqa: E402
 
 from adaptrack.tokenization.hf import eos_token_ids, token_bytes, vocabulary  # noqa: E402
-
-SHARED = Path(__file__).parents[2] / "shared"
 
 FIXED_TEXTS = [
     "Hello, world!",

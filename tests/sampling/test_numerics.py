@@ -60,25 +60,6 @@ def test_exact_weighs_two_branches_of_tiny_mass_in_proportion() -> None:
     assert {s.tokens[1:] for s in result.samples} == {(0,) * (k - 1) + (2,)}
 
 
-def test_q_stays_finite_in_log_space_and_exact_at_single_child_nodes() -> None:
-    lm, k = _lm(), 500
-    tree = PrefixTree(lm, [], at.constraints.choice(["a" * k]).bind(lm.vocab),
-                      max_new_tokens=k + 1, end="eos")
-    Q, node = QTable(tree), tree.root
-    while not node.complete:
-        tree.expand(node)  # the test is the driver: it asks the model
-        Q.open(node)
-        node = tree.child(node, int(node.expansion.ids[0]))
-    expected = k * math.log(0.02) + math.log(0.01)
-    assert Q.log_q(tree.root) == pytest.approx(expected, rel=1e-12)
-    assert Q.q(tree.root) == 0.0 and not Q.dead(tree.root)  # underflows as a float, alive
-    # One valid child: P_Q is 1 up to rounding at every depth (no spurious backtracking).
-    node = tree.root.children[0]
-    while not node.complete:
-        assert Q.prob(node) == pytest.approx(1.0, abs=1e-10)  # AdapTrack's ROUNDING: 1e-9
-        node = next(iter(node.children.values()))
-
-
 @pytest.mark.parametrize("method", ["exact", "adaptrack", "asap"])
 def test_an_empty_language_still_raises_and_says_so(method: str) -> None:
     """Empty only because the model never writes b after a (found by the search, not up

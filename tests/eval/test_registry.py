@@ -8,10 +8,10 @@ import argparse
 import inspect
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
+from paths import RESULTS
 
 from adaptrack.cli import build_parser, main
 from adaptrack.cli import eval as cli_eval
@@ -68,7 +68,6 @@ def test_each_task_gets_the_flags_its_options_declare(name):
             assert args[option.dest] == option.default, option.flags
 
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
 @pytest.mark.parametrize("name, file", [("tfv1", "tfv1"), ("binary", "binary"),

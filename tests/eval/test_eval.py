@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import RESULTS
 
 import adaptrack as at
 from adaptrack.cli import main
@@ -429,13 +430,12 @@ def test_eval_refuses_to_append_to_a_mixed_file(tmp_path):
 
 
 def test_shipped_results_files_pass_the_checks():
-    docs = Path(__file__).parent.parent / "docs" / "results"
-    if not (docs / "binary.jsonl.gz").exists():
+    if not (RESULTS / "binary.jsonl.gz").exists():
         pytest.skip("docs/results is not in this checkout")
-    header, records = runner.read_results(docs / "binary.jsonl.gz")
+    header, records = runner.read_results(RESULTS / "binary.jsonl.gz")
     assert header["task"] == "binary" and len(records) == 5
-    assert "P(00000 | c)" in report.report(docs / "binary.jsonl.gz")
-    header, records = runner.read_results(docs / "tfv1.jsonl.gz")
+    assert "P(00000 | c)" in report.report(RESULTS / "binary.jsonl.gz")
+    header, records = runner.read_results(RESULTS / "tfv1.jsonl.gz")
     assert header["task"] == "tfv1" and len(records) == 2912
 
 # -- TFv1 end to end on a small exact model -------------------------------------------------

@@ -30,7 +30,7 @@ from adaptrack import METHODS, NoValidSequenceError, TableLM, exact_distribution
 from adaptrack.constraints import choice
 
 # The reference below is the paper's target, where only EOS ends a text (docs/design.md §2);
-# tests/test_end_policy.py checks end="leave" against its own definition.
+# tests/sampling/test_end_policy.py checks end="leave" against its own definition.
 exact_distribution = functools.partial(exact_distribution, end="eos")
 generate = functools.partial(generate, end="eos")
 

@@ -20,11 +20,11 @@ import gzip
 import json
 import random
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from paths import SHARED
 
 pytest.importorskip("llguidance", reason="grammar constraints run on llguidance")
 from llguidance import LLMatcher
@@ -35,7 +35,6 @@ from adaptrack.eval.ffbench import compact_json
 from adaptrack.sampling.fastforward import forced_tokens
 from adaptrack.tokenization.tokenizer import Tokenizer
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared
 LLAMA3 = SHARED / "tokenizers" / "llama3"
 MASKBENCH_DEV = SHARED / "data" / "maskbench-dev.jsonl.gz"
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from paths import SHARED
 
 import adaptrack as at
 from adaptrack import constraints
@@ -20,7 +21,7 @@ from adaptrack.eval import codetask, humaneval, mbpp, runner
 from adaptrack.eval.codetask import STOP, CodeProblem, CodeTask, accepts_text, cut_at_stop
 from adaptrack.eval.report import code_scores, report
 
-MBPP_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp"
+MBPP_DIR = SHARED / "data" / "mbpp"
 
 # A toy model whose vocabulary spells three bodies of f(x) = x + 1: right, with an
 # undefined name, and cut short; then EOS or a stop string.

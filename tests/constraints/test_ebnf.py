@@ -5,9 +5,9 @@ README of ../shared/data/dsl says which lie inside their grammar)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from paths import SHARED
 
 pytest.importorskip("llguidance", reason="grammar constraints run on llguidance")
 
@@ -16,7 +16,7 @@ from adaptrack.constraints.ebnf import ebnf_to_lark
 from adaptrack.errors import GrammarError
 from adaptrack.tokenization.vocab import Vocabulary
 
-DSL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
+DSL_DIR = SHARED / "data" / "dsl"
 BYTES = Vocabulary([bytes([b]) for b in range(256)] + [b"<eos>"], eos_ids=[256])
 
 

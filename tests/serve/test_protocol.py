@@ -1,5 +1,6 @@
 """The server's request models, their errors and the answer shapes, without HTTP: what a
-body validates to, which field an error names and that its message says what to give."""
+body validates to (stop strings, the implied method, the one constraint), which field an error
+names and that its message says what to give."""
 
 from __future__ import annotations
 
@@ -158,3 +159,55 @@ def test_answer_shapes():
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
     assert later["choices"][0]["delta"] == {"content": "b"}
     assert "usage" not in first and later["usage"] is None  # null until the last event
+
+
+def test_stop_is_a_tuple_of_distinct_non_empty_strings():
+    def stop(value):
+        return validate(json.dumps({"prompt": "a", "stop": value}), "completion",
+                        max_n=8).stop
+
+    assert stop("\n") == ("\n",)  # one string or a list of them
+    assert stop(["b", "a", "b"]) == ("b", "a")  # duplicates once, in their order
+    err = refused({"prompt": "a", "stop": ["a", ""]})
+    assert err.param == "stop[1]"  # the empty one
+
+
+def test_a_text_response_format_is_no_constraint_and_does_not_count_as_one():
+    req = CompletionRequest.model_validate({"prompt": "a", "guided_regex": "[ab]+",
+                                            "response_format": {"type": "text"}})
+    assert req.constraint_fields == ["guided_regex"] and req.method == "adaptrack"
+    err = refused({"prompt": "a", "guided_regex": "a", "guided_json": {"type": "string"}})
+    assert err.param == "guided_regex" and "at most one constraint" in err.message
+
+
+def test_adaptrack_options_need_adaptrack_even_when_the_method_is_implied():
+    # No constraint and no decoding_method: the method is plain sampling, so share_q is
+    # refused; with a constraint the method becomes AdapTrack and it is accepted.
+    err = refused({"prompt": "a", "share_q": True})
+    assert err.param == "share_q" and "'unconstrained'" in err.message
+    req = CompletionRequest.model_validate({"prompt": "a", "guided_choice": ["a"],
+                                            "share_q": True, "max_backtrack": 2})
+    assert (req.method, req.share_q, req.max_backtrack) == ("adaptrack", True, 2)
+
+
+def test_chat_lengths_agree_and_top_logprobs_stay_zero():
+    messages = [{"role": "user", "content": "x"}]
+    req = ChatCompletionRequest.model_validate({"messages": messages, "max_tokens": 4,
+                                                "max_completion_tokens": 4})
+    assert req.max_tokens == req.max_completion_tokens == 4
+    err = refused({"messages": messages, "max_tokens": 4, "max_completion_tokens": 5}, "chat")
+    assert err.param == "max_completion_tokens" and "max_tokens" in err.message
+    err = refused({"messages": messages, "logprobs": True, "top_logprobs": 2}, "chat")
+    assert err.param == "top_logprobs" and "top alternatives" in err.message
+    ok = ChatCompletionRequest.model_validate({"messages": messages, "top_logprobs": 0,
+                                               "stream": True,
+                                               "stream_options": {"include_usage": True}})
+    assert ok.include_usage
+
+
+def test_names_moved_out_of_the_module_stay_importable_from_it():
+    from adaptrack.serve import errors, preprocess, protocol
+
+    assert protocol.parse is preprocess.parse and protocol.APIError is errors.APIError
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        protocol.nothing  # noqa: B018

@@ -492,24 +492,6 @@ def test_opened_prefixes_are_bounded_in_bytes() -> None:
                      max_opened_bytes=100_000, fallback=None)
 
 
-def test_a_mask_shared_by_every_prefix_is_counted_once() -> None:
-    from adaptrack.sampling import PrefixTree, QTable
-
-    width = 1000
-    # An empty token (no bytes, not EOS) is never valid: the mask is not the whole vocabulary.
-    lm = TableLM([f"t{i}".encode() for i in range(width)] + [b"<eos>", b""],
-                 lambda prefix: [1.0] * (width + 2), eos=width)
-    tree = PrefixTree(lm, [], at.constraints.Anything().bind(lm.vocab), max_new_tokens=8)
-    q, node = QTable(tree), tree.root
-    for _ in range(5):
-        tree.expand(node)  # the test is the driver: it asks the model
-        q.open(node)
-        node = tree.child(node, 0)
-    valid = len(tree.root.expansion.ids)  # every token but the empty one
-    assert valid == width + 1
-    assert tree.opened_bytes == 5 * valid * 8 + valid * 4  # p per prefix, int32 ids once
-
-
 @pytest.mark.parametrize("method", ["asap", "adaptrack", "exact"])
 def test_searches_for_free_text_warn_before_they_start(method) -> None:
     lm = make_lm([b"a", b"b"])

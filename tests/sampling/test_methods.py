@@ -1,4 +1,5 @@
-"""Unit tests of the shared mechanics: vocabulary, choice masks, the Q table, top-p, seeds."""
+"""The methods through ``generate``: seeds, greedy decoding, the best-first search's batched
+calls, terminators, model calls per distinct prefix, backtrack limits, top-p and temperature."""
 
 from __future__ import annotations
 
@@ -10,142 +11,8 @@ import pytest
 from scipy.stats import chi2
 
 import adaptrack as at
-from adaptrack.sampling.qtable import QTable
-from adaptrack.sampling.topp import nucleus
 from adaptrack.sampling.tree import PrefixTree
 from adaptrack.testing import PROBLEMS, hashed_weights
-
-
-def random_vocab(rng: random.Random, alphabet: bytes = b"abc(") -> list[bytes]:
-    vocab = {bytes([b]) for b in alphabet}
-    while len(vocab) < 30:
-        vocab.add(bytes(rng.choice(alphabet) for _ in range(rng.randint(2, 4))))
-    return [*sorted(vocab), b"<eos>"]
-
-
-def brute_force_allowed(text: bytes, vocab: list[bytes], strings: set[bytes], term: bytes,
-                        eos: int) -> tuple[set[int], set[int]]:
-    """Valid and finishing tokens after ``text``, straight from the definition."""
-    valid, finishing = set(), set()
-    for t, data in enumerate(vocab):
-        if t == eos:
-            if text in strings and not term:
-                valid.add(t)
-                finishing.add(t)
-            continue
-        full = text + data
-        if any(s.startswith(full) for s in strings):
-            valid.add(t)
-        for k in range(len(data)):
-            if data[k] in term and text + data[:k] in strings:
-                valid.add(t)
-                finishing.add(t)
-                break
-            if data[k] in term:
-                break
-    return valid, finishing
-
-
-@pytest.mark.parametrize("case", range(60))
-def test_choice_masks_match_brute_force(case):
-    rng = random.Random(case)
-    vocab = random_vocab(rng)
-    eos = len(vocab) - 1
-    term = b"(" if case % 2 else b""
-    letters = b"abc"
-    strings = {bytes(rng.choice(letters) for _ in range(rng.randint(0, 5)))
-               for _ in range(rng.randint(1, 6))}
-    lm = at.TableLM(vocab, lambda p: [1] * len(vocab), eos=eos)
-    vocab_ok = vocab
-    matcher = at.constraints.choice(strings, terminators=term or None).bind(lm.vocab)
-    # Walk random valid paths and compare at every state reached.
-    for _ in range(10):
-        state, text = matcher.start(), b""
-        for _ in range(6):
-            want_valid, want_fin = brute_force_allowed(text, vocab_ok, strings, term, eos)
-            assert set(matcher.allowed(state).tolist()) == want_valid, (strings, text)
-            assert set(matcher.finishing(state).tolist()) == want_fin, (strings, text)
-            steps = [t for t in want_valid if t not in want_fin]
-            if not steps:
-                break
-            tok = rng.choice(steps)
-            state, text = matcher.advance(state, tok), text + vocab[tok]
-            assert state is not None
-
-
-def test_choice_rejects_a_terminator_inside_a_string():
-    with pytest.raises(ValueError, match="terminator"):
-        at.constraints.choice(["f(x)"], terminators="(")
-
-
-def test_vocabulary_trie_subtree_is_every_token_with_that_prefix():
-    vocab = at.Vocabulary([b"a", b"ab", b"abc", b"b", None, b"ac"], eos_ids=[4], size=8)
-    trie = vocab.trie
-    node = trie.children[0][ord("a")]
-    assert sorted(trie.subtree(node).tolist()) == [0, 1, 2, 5]
-    assert vocab.text_ids.tolist() == [0, 1, 2, 3, 5]
-    with pytest.raises(ValueError, match="outside"):
-        at.Vocabulary([b"a"], eos_ids=[3])
-
-
-def test_nucleus_is_plain_top_p_without_a_constraint_and_validity_aware_with_one():
-    probs = np.array([0.5, 0.3, 0.15, 0.05])
-    everything = np.arange(4)
-    assert nucleus(probs, everything, 0.7).tolist() == [0, 1]
-    assert nucleus(probs, everything, 0.85).tolist() == [0, 1, 2]
-    # Token 0 invalid: after checking 0, 1 the known-valid share is .3/(.3+.2) = .6;
-    # after 2 it is .45/(.45+.05) = .9 > .8, so token 3 counts as invalid.
-    assert nucleus(probs, np.array([1, 2, 3]), 0.8).tolist() == [1, 2]
-    assert nucleus(probs, np.array([1, 2, 3]), 0.5).tolist() == [1]
-
-
-def test_q_table_satisfies_formula_2_after_random_openings():
-    lm, constraint, max_new = PROBLEMS["api_names"]()
-    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
-    Q = QTable(tree)
-    rng = random.Random(0)
-    for _ in range(200):  # random root-to-leaf walks, opening as we go
-        node = tree.root
-        while not node.complete:
-            tree.expand(node)  # the test is the driver: it asks the model
-            Q.open(node)
-            if Q.q(node) == 0:
-                break
-            ids = node.expansion.ids.tolist()
-            node = tree.child(node, rng.choice(ids))
-
-    def recomputed(node) -> float:
-        if node.complete or not Q.is_open(node):
-            return 1.0
-        exp = node.expansion
-        return sum(exp.p[i] * (recomputed(node.children[t]) if t in node.children else 1.0)
-                   for i, t in enumerate(exp.ids.tolist()))
-
-    opened = 0
-    stack = [tree.root]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children.values())
-        if Q.is_open(node):
-            opened += 1
-            assert Q.q(node) == pytest.approx(recomputed(node), abs=1e-12)
-    assert opened > 10
-
-
-def test_fully_opened_q_root_is_the_total_valid_probability():
-    lm, constraint, max_new = PROBLEMS["no_ab"]()
-    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
-    Q = QTable(tree)
-    stack, total = [tree.root], 0.0
-    while stack:
-        node = stack.pop()
-        if node.complete:
-            total += np.exp(node.logprob)
-            continue
-        tree.expand(node)  # the test is the driver: it asks the model
-        Q.open(node)
-        stack.extend(tree.child(node, int(t)) for t in node.expansion.ids)
-    assert Q.q(tree.root) == pytest.approx(total, rel=1e-9)
 
 
 @pytest.mark.parametrize("method", sorted(at.METHODS))

@@ -1,0 +1,132 @@
+"""The Q table (``adaptrack.sampling.qtable``): formula 2 of the AdapTrack paper after any
+order of openings, P_Q of formula 3, dead branches, and Q in log space (docs/design.md §3).
+The tests drive the tree as the engine does: they call ``expand`` themselves."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+import adaptrack as at
+from adaptrack.sampling.qtable import QTable
+from adaptrack.sampling.tree import PrefixTree
+from adaptrack.testing import PROBLEMS
+
+
+def test_q_table_satisfies_formula_2_after_random_openings():
+    lm, constraint, max_new = PROBLEMS["api_names"]()
+    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
+    Q = QTable(tree)
+    rng = random.Random(0)
+    for _ in range(200):  # random root-to-leaf walks, opening as we go
+        node = tree.root
+        while not node.complete:
+            tree.expand(node)  # the test is the driver: it asks the model
+            Q.open(node)
+            if Q.q(node) == 0:
+                break
+            ids = node.expansion.ids.tolist()
+            node = tree.child(node, rng.choice(ids))
+
+    def recomputed(node) -> float:
+        if node.complete or not Q.is_open(node):
+            return 1.0
+        exp = node.expansion
+        return sum(exp.p[i] * (recomputed(node.children[t]) if t in node.children else 1.0)
+                   for i, t in enumerate(exp.ids.tolist()))
+
+    opened = 0
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if Q.is_open(node):
+            opened += 1
+            assert Q.q(node) == pytest.approx(recomputed(node), abs=1e-12)
+    assert opened > 10
+
+
+def test_fully_opened_q_root_is_the_total_valid_probability():
+    lm, constraint, max_new = PROBLEMS["no_ab"]()
+    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
+    Q = QTable(tree)
+    stack, total = [tree.root], 0.0
+    while stack:
+        node = stack.pop()
+        if node.complete:
+            total += np.exp(node.logprob)
+            continue
+        tree.expand(node)  # the test is the driver: it asks the model
+        Q.open(node)
+        stack.extend(tree.child(node, int(t)) for t in node.expansion.ids)
+    assert Q.q(tree.root) == pytest.approx(total, rel=1e-9)
+
+
+def small() -> tuple[PrefixTree, QTable]:
+    """Tokens a, b, EOS at odds 2 : 1 : 1; the strings "a" and "b" end at EOS only."""
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    tree = PrefixTree(lm, [], at.constraints.choice(["a", "b"]).bind(lm.vocab), end="eos")
+    return tree, QTable(tree)
+
+
+def test_a_new_prefix_has_q_one_and_opening_twice_changes_nothing() -> None:
+    tree, Q = small()
+    root = tree.root
+    assert (Q.q(root), Q.log_q(root), Q.dead(root), Q.is_open(root)) == (1.0, 0.0, False, False)
+    tree.expand(root)  # the test is the driver: it asks the model
+    Q.open(root)
+    assert Q.q(root) == pytest.approx(0.75) and root.opened  # opened prefixes are pinned
+    Q.open(root)
+    assert Q.q(root) == pytest.approx(0.75)
+
+
+def test_p_q_is_formula_3_and_sums_to_one_over_the_children() -> None:
+    tree, Q = small()
+    tree.expand(tree.root)
+    Q.open(tree.root)
+    a, b = (tree.child(tree.root, t) for t in (0, 1))
+    tree.expand(a)
+    Q.open(a)  # Q[a] = P(EOS | a) = 1/4; b stays new (Q = 1)
+    assert Q.q(tree.root) == pytest.approx(0.5 * 0.25 + 0.25)
+    assert Q.prob(a) == pytest.approx(0.5 * 0.25 / 0.375)
+    assert Q.prob(a) + Q.prob(b) == pytest.approx(1.0)
+    w = Q.weights(tree.root)
+    assert [Q.token(tree.root, i) for i in range(len(w))] == [0, 1]
+    assert (w / w.sum()).tolist() == pytest.approx([Q.prob(a), Q.prob(b)])
+
+
+def test_a_branch_with_no_valid_end_is_dead_and_its_mass_leaves_its_parent() -> None:
+    # After "a" the model never writes b, so "ab" cannot be written: the branch is empty.
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 0, 1] if prefix else [2, 1, 1],
+                    eos=2)
+    tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab), end="eos")
+    Q = QTable(tree)
+    tree.expand(tree.root)
+    Q.open(tree.root)
+    a = tree.child(tree.root, 0)
+    tree.expand(a)
+    Q.open(a)
+    assert Q.dead(a) and Q.q(a) == 0.0 and Q.prob(a) == 0.0
+    assert Q.q(tree.root) == pytest.approx(0.25) and not Q.dead(tree.root)  # "b" alone
+
+
+def test_q_stays_finite_in_log_space_and_exact_at_single_child_nodes() -> None:
+    lm, k = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 97, 1], eos=2), 500
+    tree = PrefixTree(lm, [], at.constraints.choice(["a" * k]).bind(lm.vocab),
+                      max_new_tokens=k + 1, end="eos")
+    Q, node = QTable(tree), tree.root
+    while not node.complete:
+        tree.expand(node)  # the test is the driver: it asks the model
+        Q.open(node)
+        node = tree.child(node, int(node.expansion.ids[0]))
+    expected = k * math.log(0.02) + math.log(0.01)
+    assert Q.log_q(tree.root) == pytest.approx(expected, rel=1e-12)
+    assert Q.q(tree.root) == 0.0 and not Q.dead(tree.root)  # underflows as a float, alive
+    # One valid child: P_Q is 1 up to rounding at every depth (no spurious backtracking).
+    node = tree.root.children[0]
+    while not node.complete:
+        assert Q.prob(node) == pytest.approx(1.0, abs=1e-10)  # AdapTrack's ROUNDING: 1e-9
+        node = next(iter(node.children.values()))
