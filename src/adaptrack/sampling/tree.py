@@ -2,61 +2,35 @@
 
 :class:`PrefixTree` keeps, per prefix, what the model and the constraint say about the
 next token: its :class:`Expansion`. Each prefix is evaluated by the model once per
-``generate`` call, whatever the method and however many samples (``lm_calls``). The tree
-also holds the search's budgets (docs/design.md §6): prefixes (``max_nodes``), bytes
-(``max_cache_bytes`` for expansions it may drop and recompute, ``max_opened_bytes`` for
-those the algorithms hold) and time (``max_seconds``).
+``generate`` call, whatever the method and however many samples (``lm_calls``). The tree is
+the composition of its parts, one module each: the nodes and the store of their expansions
+(``nodes.py``), how an expansion is made from the model's row (``expander.py``), the forced
+chains (``chains.py``) and the search's budgets (``budgets.py``, docs/design.md §6):
+prefixes (``max_nodes``), bytes (``max_cache_bytes`` for expansions it may drop and
+recompute, ``max_opened_bytes`` for those the algorithms hold) and time (``max_seconds``).
 """
 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
-from ..cache import LRU
-from ..constraints.base import Matcher, State
-from ..errors import SearchTimeoutError, TokenizerError, TreeLimitError
+from ..constraints.base import Matcher
 from ..lm.base import LanguageModel
-from ..tokenization.tokenizer import Tokenizer
+from .budgets import Budgets
+from .chains import Chains
+from .expander import Expander
 from .expansion import Expansion
-from .fastforward import FastForward, forced_tokens
-from .topp import checked_nucleus, nucleus
+from .fastforward import FastForward
+from .nodes import Node, NodeStore
+
+__all__ = ["END_POLICIES", "Node", "PrefixTree"]
 
 #: Where a text the constraint accepts ends (docs/design.md §2): ``leave``, where the model's
 #: next token cannot continue it (EOS or any token the constraint rejects there); ``eos``,
 #: only where the model emits EOS (the AdapTrack paper's target).
 END_POLICIES = ("leave", "eos")
-
-
-class Node:
-    """One prefix: the tokens after the prompt, the constraint state after them."""
-
-    __slots__ = ("children", "complete", "depth", "expansion", "in_chain", "logprob", "opened",
-                 "parent", "pending", "slot", "state", "token", "tokens", "truncated")
-
-    def __init__(
-        self, parent: Node | None, token: int | None, state: State, complete: bool,
-        logprob: float,
-    ) -> None:
-        self.parent, self.token, self.state, self.complete = parent, token, state, complete
-        self.tokens: tuple[int, ...] = (
-            () if parent is None or token is None else (*parent.tokens, token))
-        self.depth = len(self.tokens)
-        self.logprob = logprob  # log P(tokens | prompt) under the sampling model
-        self.children: dict[int, Node] = {}
-        self.expansion: Expansion | None = None
-        self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``
-        self.opened = False  # pinned: a Q table holds (or will open) it: never evicted
-        # Fast-forward: the forced tokens still to feed from here (when forced, pending[0]
-        # is then the only valid next token); None until computed. ``in_chain``: this
-        # node's token came in a fed chain, so its expansion came with the chain's one call.
-        self.pending: tuple[int, ...] | None = None
-        self.in_chain = False
-        # Ends a sample because it reached max_new_tokens (``allow_truncated``): then
-        # ``complete`` too, so that every method stops here and counts it as c(s) = 1.
-        self.truncated = False
 
 
 class PrefixTree:
@@ -114,52 +88,99 @@ class PrefixTree:
         self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
         self.leave = end == "leave"
         self.temperature, self.top_p = temperature, top_p
-        self.max_new_tokens, self.max_nodes = max_new_tokens, max_nodes
+        self.max_new_tokens, self.max_cache_bytes = max_new_tokens, max_cache_bytes
         self.allow_truncated = allow_truncated
         self.restrict_length = restrict_length and not allow_truncated
+        self.lm_calls = 0
+        self.budgets = Budgets(max_nodes=max_nodes, max_opened_bytes=max_opened_bytes,
+                               max_seconds=max_seconds)
         start = matcher.start()
         self.root = Node(None, None, start, matcher.is_complete(start), 0.0)
-        self.num_nodes = 1
-        self.lm_calls = 0
-        self.max_cache_bytes, self.max_opened_bytes = max_cache_bytes, max_opened_bytes
-        self.opened_bytes = 0
-        # Expanded, not opened: id(node) → node, by recency, up to max_cache_bytes.
-        self._cache: LRU[int, Node] = LRU(max_cache_bytes, _expansion_bytes,
-                                          on_evict=_drop_expansion)
-        # Masks the matcher returned lately: one seen again is shared by several prefixes.
-        self._recent_masks: LRU[int, np.ndarray] = LRU(8)
-        self.max_seconds = max_seconds
-        self.started = time.monotonic()
+        self.nodes = NodeStore(self.root, max_cache_bytes)
         self.fast_forward = fast_forward
         # Forced tokens are the only valid ones (target conditioned on canonical
         # tokenization), or chains are only prefilled (target unchanged); docs/design.md §2.
-        self.force_chains = fast_forward is not None and fast_forward.force is not False
-        if fast_forward is not None:
-            self._tokenizer = fast_forward.tokenizer or Tokenizer.for_model(lm)
-        self.ff_sequences = 0  # forced chains fed (one model call each)
-        self.forced_tokens = 0  # tokens in them
-        self.ff_unencodable = 0  # prefixes whose forced bytes the tokenizer cannot encode
+        self.chains = Chains(lm, self.prompt, matcher, fast_forward,
+                             max_new_tokens=max_new_tokens)
+        self.force_chains = self.chains.force
+        self.expander = Expander(matcher, temperature=temperature, top_p=top_p,
+                                 max_new_tokens=max_new_tokens,
+                                 restrict_length=self.restrict_length, leave=self.leave,
+                                 force=self.force_chains, dtype=lm.probs_dtype)
+
+    # The counts and limits of the parts, under the tree's names (the engine, a reused
+    # tree's call and the statistics read them; the budgets are also set).
+    @property
+    def num_nodes(self) -> int:
+        """Prefixes in the tree, the root included."""
+        return self.nodes.count
+
+    @property
+    def opened_bytes(self) -> int:
+        """Bytes of the expansions Q tables opened (bounded by ``max_opened_bytes``)."""
+        return self.nodes.opened_bytes
 
     @property
     def cache_bytes(self) -> int:
         """Bytes of the expansions no Q table has opened (the droppable cache)."""
-        return self._cache.used
+        return self.nodes.cache_bytes
 
     @property
     def evictions(self) -> int:
-        return self._cache.evictions
+        """Expansions dropped from the cache so far."""
+        return self.nodes.evictions
+
+    @property
+    def ff_sequences(self) -> int:
+        """Forced chains fed (one model call each)."""
+        return self.chains.sequences
+
+    @property
+    def forced_tokens(self) -> int:
+        """Tokens in the forced chains fed."""
+        return self.chains.tokens
+
+    @property
+    def ff_unencodable(self) -> int:
+        """Prefixes whose forced bytes the tokenizer cannot encode (no chain there)."""
+        return self.chains.unencodable
+
+    @property
+    def max_nodes(self) -> int:
+        return self.budgets.max_nodes
+
+    @max_nodes.setter
+    def max_nodes(self, value: int) -> None:
+        self.budgets.max_nodes = value
+
+    @property
+    def max_opened_bytes(self) -> int:
+        return self.budgets.max_opened_bytes
+
+    @max_opened_bytes.setter
+    def max_opened_bytes(self, value: int) -> None:
+        self.budgets.max_opened_bytes = value
+
+    @property
+    def max_seconds(self) -> float | None:
+        return self.budgets.max_seconds
+
+    @max_seconds.setter
+    def max_seconds(self, value: float | None) -> None:
+        self.budgets.max_seconds = value
+
+    @property
+    def started(self) -> float:
+        """When ``max_seconds`` started counting (``time.monotonic``)."""
+        return self.budgets.started
+
+    @started.setter
+    def started(self, value: float) -> None:
+        self.budgets.started = value
 
     def check_time(self) -> None:
         """Raise ``SearchTimeoutError`` once ``max_seconds`` have passed."""
-        if self.max_seconds is None:
-            return
-        spent = time.monotonic() - self.started
-        if spent > self.max_seconds:
-            raise SearchTimeoutError(
-                f"the search ran past max_seconds={self.max_seconds:g} ({spent:.1f} s, "
-                f"{self.num_nodes} prefixes, {self.lm_calls} model calls); raise max_seconds "
-                "(None for no limit), or lower n or max_new_tokens"
-            )
+        self.budgets.check_time(self.nodes.count, self.lm_calls)
 
     def expand(self, node: Node) -> Expansion:
         """The node's expansion, calling the model if this prefix is new: for drivers (the
@@ -194,167 +215,38 @@ class PrefixTree:
         """
         todo = list({id(n): n for n in nodes if n.expansion is None}.values())
         for node in todo:
-            if self._dead(node):  # nothing valid may follow: no model call
+            if self.expander.dead(node):  # nothing valid may follow: no model call
                 node.expansion = Expansion(np.zeros(0), np.empty(0, dtype=np.int64))
-        todo = [n for n in todo if n.expansion is None]
-        plain: list[Node] = []
-        heads: list[Node] = []
-        for node in todo:
-            if self._pending(node) and (eager or _inside_chain(node)):
-                heads.append(node)
-            else:
-                plain.append(node)
-        return plain, heads
-
-    def _dead(self, node: Node) -> bool:
-        """Whether the constraint alone says no valid token follows ``node`` (its expansion
-        is then empty whatever the model says): at the length limit, at its last position
-        when no token finishes there, at the one before when none closes, or where nothing
-        is allowed."""
-        if node.depth >= self.max_new_tokens:
-            return True
-        if not self.restrict_length or node.complete:
-            return False
-        if node.depth == self.max_new_tokens - 1:  # finishing candidates: lazy matchers too
-            return not len(self.matcher.finishing(node.state))
-        return not self.matcher.lazy and not len(self._valid(node))
-
-    def _valid(self, node: Node) -> np.ndarray:
-        """The tokens the constraint allows after ``node`` within the length limit: at the
-        last position those that finish, at the one before those after which one can finish
-        (``Matcher.closing``, docs/design.md §2), else every allowed one."""
-        matcher, left = self.matcher, self.max_new_tokens - node.depth
-        if left <= 0:
-            return np.empty(0, dtype=np.int64)
-        if self.restrict_length and left == 1:
-            return matcher.finishing(node.state)
-        if self.restrict_length and left == 2 and not matcher.lazy:
-            return matcher.closing(node.state)
-        return matcher.allowed(node.state)
+        return self.chains.split([n for n in todo if n.expansion is None], eager=eager)
 
     def store(self, nodes: list[Node], logprobs: np.ndarray) -> None:
         """Keep the expansions of ``nodes`` (``plan``'s plain list) from the model's rows."""
         self.lm_calls += len(nodes)
         for node, row in zip(nodes, logprobs, strict=True):
-            self._store(node, self._expansion(node, row))
+            self._keep(node, row)
 
     def store_chains(self, heads: list[Node], found: list[np.ndarray]) -> None:
         """Keep what one fed chain per head (``plan``'s heads) gave: every position's
         expansion, so Q sees each forced token's probability exactly; the node after a
         chain gets its expansion from the same call."""
         self.lm_calls += len(heads)
-        self.ff_sequences += len(heads)
-        for node, rows in zip(heads, found, strict=True):
-            chain = node.pending or ()
-            self.forced_tokens += len(chain)
-            self._follow(node, chain, rows)
+        self.chains.store(heads, found, self._keep, self.child)
 
     def finish(self, nodes: list[Node]) -> None:
         """After a model call for ``nodes``: bring the droppable cache back within its bound,
         keeping the expansions just made for them."""
-        self._cache.trim(protected={id(n) for n in nodes})
+        self.nodes.trim(nodes)
 
-    def _store(self, node: Node, expansion: Expansion) -> None:
-        node.expansion = expansion
-        self._cache.put(id(node), node, trim=False)
-
-    def _pending(self, node: Node) -> tuple[int, ...]:
-        """The forced tokens to feed from ``node`` on (computed once per node; docs/design.md
-        §2, fast-forward target), at most as many as the length limit leaves."""
-        if node.pending is None:
-            ff = self.fast_forward
-            tokens: tuple[int, ...] = ()
-            if ff is not None and not node.complete and node.depth < self.max_new_tokens:
-                room = self.max_new_tokens - node.depth
-                keep = self._tokenizer.context_tokens
-                recent = (self.prompt + node.tokens)[-keep:] if keep else ()
-                # Bytes enough for ``room`` tokens after the recipe holds back up to
-                # ``max_tokens`` of them and an incomplete character: the constraint need
-                # not walk a forced string further than the sequence can reach.
-                limit = (room + ff.max_tokens) * self._tokenizer.max_token_len + 3
-                try:
-                    found, _ = forced_tokens(self._tokenizer, self.matcher, node.state, recent,
-                                             max_tokens=ff.max_tokens,
-                                             conservative=ff.conservative, limit=limit)
-                except TokenizerError:
-                    # The forced bytes have no canonical tokenization (docs/design.md §2
-                    # defines chains by it): this prefix gets no chain, counted. Errors of
-                    # the constraint itself are not caught: they are the caller's.
-                    self.ff_unencodable += 1
-                    found = []
-                tokens = tuple(found[:room])
-            node.pending = tokens
-        return node.pending
-
-    def _follow(self, node: Node, chain: tuple[int, ...], rows: np.ndarray) -> None:
-        for i, tok in enumerate(chain):
-            if node.expansion is None:
-                self._store(node, self._expansion(node, rows[i]))
-            if not node.expansion.is_valid(tok):  # type: ignore[union-attr]
-                return  # p = 0, or not finishing at the length limit: a dead end here
-            node = self.child(node, tok)
-        if node.expansion is None and node.depth < self.max_new_tokens:
-            self._pending(node)
-            self._store(node, self._expansion(node, rows[len(chain)]))
+    def _keep(self, node: Node, logprobs: np.ndarray) -> Expansion:
+        expansion = self.expander.expansion(node, logprobs)
+        self.nodes.keep(node, expansion)
+        return expansion
 
     def pin(self, node: Node) -> None:
         """Keep ``node``'s expansion for good (a Q table opened it); ``TreeLimitError`` once
         the opened expansions hold more than ``max_opened_bytes``."""
-        if node.opened:
-            return
-        node.opened = True
-        self._cache.pop(id(node))
-        self.opened_bytes += node.expansion.nbytes  # type: ignore[union-attr]
-        if self.opened_bytes > self.max_opened_bytes:
-            raise TreeLimitError(
-                f"the prefixes the search opened hold {self.opened_bytes / 2**20:.0f} MiB, past "
-                f"max_opened_bytes={self.max_opened_bytes} ({self.num_nodes} prefixes); raise "
-                "max_opened_bytes, lower max_new_tokens or n, or use a constraint or top_p < 1"
-            )
-
-    def _expansion(self, node: Node, logprobs: np.ndarray) -> Expansion:
-        t = self.temperature if self.temperature > 0 else 1.0
-        # One new array, worked in place: at 50k tokens each extra temporary costs ~0.1 ms.
-        probs = logprobs - logprobs.max()
-        if t != 1.0:
-            probs /= t
-        np.exp(probs, out=probs)
-        probs /= probs.sum()
-        last = self.restrict_length and node.depth == self.max_new_tokens - 1
-        matcher, state = self.matcher, node.state
-        if self.leave:
-            _leave(probs, matcher, state)
-        if node.pending and self.force_chains:  # the forced token alone is valid (no top-p)
-            tok = node.pending[0]
-            after = matcher.advance(state, tok)
-            # Only the position before the last validates more than ``advance`` does.
-            closes = (matcher.lazy or not self.restrict_length
-                      or node.depth != self.max_new_tokens - 2 or tok in self._valid(node))
-            ok = after is not None and (not last or matcher.is_complete(after)) and closes
-            return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64),
-                             dtype=self.lm.probs_dtype)
-        valid = self._valid(node)
-        if matcher.lazy and len(valid):
-            def check(tok: int) -> bool:
-                after = matcher.advance(state, tok)
-                return after is not None and (not last or matcher.is_complete(after))
-
-            with matcher.checking():
-                valid = checked_nucleus(probs, valid, check, self.top_p)
-        elif self.top_p < 1.0 and len(valid):
-            valid = nucleus(probs, valid, self.top_p)
-        else:
-            return Expansion(probs, valid, shared_ids=self._seen_before(valid),
-                             dtype=self.lm.probs_dtype)
-        return Expansion(probs, valid, dtype=self.lm.probs_dtype)
-
-    def _seen_before(self, mask: np.ndarray) -> bool:
-        """Whether the matcher returned this very array lately (then it is shared: its bytes
-        count once, for the prefix that saw it first)."""
-        key = id(mask)
-        seen = self._recent_masks.get(key) is mask
-        self._recent_masks.put(key, mask)
-        return seen
+        if self.nodes.pin(node):
+            self.budgets.check_opened(self.nodes.opened_bytes, self.nodes.count)
 
     def child(self, node: Node, token: int, expansion: Expansion | None = None) -> Node:
         """The prefix ``node + [token]``; ``token`` must be valid (or unconstrained) by
@@ -363,11 +255,7 @@ class PrefixTree:
         found = node.children.get(token)
         if found is not None:
             return found
-        if self.num_nodes >= self.max_nodes:
-            raise TreeLimitError(
-                f"the prefix tree reached max_nodes={self.max_nodes}; raise max_nodes or "
-                "lower max_new_tokens"
-            )
+        self.budgets.check_nodes(self.nodes.count)
         self.check_time()
         state = self.matcher.advance(node.state, token)
         exp = node.expansion if expansion is None else expansion
@@ -385,33 +273,5 @@ class PrefixTree:
             child.pending, child.in_chain = node.pending[1:] or None, True  # new forced bytes
         child.slot = exp.index(token)
         child.logprob = node.logprob + math.log(exp.p[child.slot])
-        node.children[token] = child
-        self.num_nodes += 1
+        self.nodes.add(node, token, child)
         return child
-
-
-def _leave(probs: np.ndarray, matcher: Matcher, state: State) -> None:
-    """The ``leave`` end policy (docs/design.md §2): where the text is accepted, every token
-    with which the model leaves it ends the text there, so their mass moves onto EOS (in
-    place), and EOS then stands for "the text ends here" with P(leave | s)."""
-    gone = matcher.leaving(state)
-    if len(gone):
-        eos = matcher.vocab.eos_ids
-        end = int(eos[np.isin(eos, matcher.finishing(state))][0])
-        probs[end] += probs[gone].sum()
-        probs[gone] = 0.0
-
-
-def _expansion_bytes(node: Node) -> int:
-    return node.expansion.nbytes  # type: ignore[union-attr]
-
-
-def _drop_expansion(key: int, node: Node) -> None:
-    node.expansion = None
-
-
-def _inside_chain(node: Node) -> bool:
-    """Whether a walk stepped from a chain's head into its forced tokens to reach ``node``
-    (rather than ``node`` starting a chain of its own)."""
-    parent = node.parent
-    return node.in_chain and parent is not None and len(parent.pending or ()) > 1
