@@ -16,6 +16,8 @@ from adaptrack.errors import WorkerError
 from adaptrack.eval import raypool, runner, tfv1
 
 
+# Defined here, not imported from test_eval: Ray workers unpickle this module's tasks
+# without tests/ on their path.
 def _intent_model(prompt: str, intent: str) -> at.TableLM:
     """Newline, bytes 32..126 and EOS; after the prompt the model wants ``intent``, "("."""
     vocab = [b"\n"] + [bytes([b]) for b in range(32, 127)] + [b"<eos>"]

@@ -50,9 +50,10 @@ class ConstrainedDecoding(Method):
                 if len(exp.ids) == 0 and node is root:
                     raise self.empty_language()
                 # P_con(s_i | s_<i) ∝ P(s_i | s_<i) over the valid tokens exp.ids
-                p = _without(exp.p, exp.ids, dead.get(id(node)))
-                if not p.any():  # a dead end: incomplete, marked as such if the last try
-                    break
+                met = dead.get(id(node))
+                p = exp.p if met is None else np.where(np.isin(exp.ids, list(met)), 0.0, exp.p)
+                if len(exp.ids) == 0 or (met is not None and not p.any()):
+                    break  # a dead end: incomplete, marked as such if the last try
                 i = argmax(p) if self.greedy else draw(p, rng)
                 node = self.tree.child(node, int(exp.ids[i]))
             else:
@@ -65,9 +66,3 @@ class ConstrainedDecoding(Method):
             self.restarts += 1
         return end
 
-
-def _without(p: np.ndarray, ids: np.ndarray, tokens: set[int] | None) -> np.ndarray:
-    """``p`` with the entries of ``tokens`` (ids in ``ids``) set to 0."""
-    if not tokens:
-        return p
-    return np.where(np.isin(ids, list(tokens)), 0.0, p)
