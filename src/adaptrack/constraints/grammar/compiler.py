@@ -151,16 +151,20 @@ class CompiledGrammar:
 
     def closing_candidates(self) -> np.ndarray | None:
         """The only tokens that can make a text accepted where the grammar knows its final
-        bytes: those holding one, and whitespace (after a text already accepted); None when
-        it does not. Found at the first need (a scan of the vocabulary)."""
+        bytes: those holding one, and whitespace (after a text already accepted), as packed
+        bits in the layout of a mask (so that a mask is narrowed by ``&``, not by a sort of
+        both id lists: 1.5 ms a prefix at 49k tokens); None when it does not. Found at the
+        first need (a scan of the vocabulary)."""
         if self._candidates is None:
             final, vocab = self.grammar.final_bytes, self.vocab
             found = None
             if final:
                 blank = [i for i in vocab.text_ids.tolist()
                          if vocab.bytes_of(i) and not vocab.bytes_of(i).strip(b" \t\n\r")]
-                found = _frozen(np.union1d(vocab.tokens_holding(final),
-                                           np.asarray(blank, dtype=np.int64)))
+                ids = np.union1d(vocab.tokens_holding(final), np.asarray(blank, dtype=np.int64))
+                member = np.zeros(8 * len(self.ll.text_bits), dtype=bool)
+                member[ids] = True
+                found = _frozen(np.packbits(member, bitorder="little") & self.ll.text_bits)
             self._candidates = (found,)
         return self._candidates[0]
 

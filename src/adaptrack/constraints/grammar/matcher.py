@@ -145,10 +145,8 @@ class GrammarMatcher(Matcher):
         if found is not None:
             return found
         bits, accepting = self._mask(key)
-        ids = _text_ids(bits)
         candidates = self._closing_candidates()
-        if candidates is not None:
-            ids = np.intersect1d(ids, candidates, assume_unique=True)
+        ids = _text_ids(bits if candidates is None else bits & candidates)
 
         def compute(m: LLMatcher) -> np.ndarray:
             keep = np.zeros(len(ids), dtype=bool)
