@@ -226,6 +226,12 @@ class TransformersLM(LanguageModel):
                     return len(prefix) - 1, kv, tuple(tokens)
         if self.reuse:
             for tokens, kv in self._states.items():
+                # Only a state that agrees with the prefix at position ``best`` can share
+                # more than ``best`` tokens: one comparison skips most of a scan over
+                # hundreds of states, of which the binary search costs ~80 µs each.
+                if best and (best >= len(tokens) or best >= len(prefix)
+                             or tokens[best] != prefix[best]):
+                    continue
                 n = common_prefix(tokens, prefix)
                 if n > best:
                     best, best_kv, best_tokens = n, kv, tokens
