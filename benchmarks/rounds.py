@@ -11,7 +11,9 @@ for the run):
   at least half the slots waiting; sampling/exact.py), with the root opened first, one
   attempt per slot and round;
 - ``useful`` (the default): the same, a slot running several attempts at once when a round
-  has more attempts than slots waiting (n = 1, a request's last samples).
+  has more attempts than slots waiting (n = 1, a request's last samples);
+- ``one``: one attempt at a time (``parallel=False``), each on the Q every earlier attempt
+  left: the fewest rejections a schedule can reach, in as many passes as model calls.
 
 Workloads: the binary DSL problem (``binary.jsonl``'s first, the paper's binary study),
 one or more SLIA problems (``--slia``, short prompts first), both as the DSL study runs them
@@ -28,7 +30,8 @@ table ends with ``cd``'s CPU time on the same seeds. CPU time is the process's (
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/rounds.py [--quick] [--repeat 2]
       [--workloads binary,slia,everyday] [--binary-n 500] [--slia-n 10] [--slia 1]
-      [--everyday-n 1,5] [--everyday-repeat R] [--variants fixed,fixed+open,useful-1,useful]
+      [--everyday-n 1,5] [--everyday-repeat R]
+      [--variants fixed,fixed+open,useful-1,useful,one]
 """
 
 from __future__ import annotations
@@ -51,11 +54,12 @@ from adaptrack.eval.dsl import PAPER_OPTIONS, problems, prompt_ids
 from adaptrack.sampling.exact import Exact
 
 DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
-VARIANTS = {  # label: (schedule, open_root, several)
-    "fixed": ("fixed", False, False),
-    "fixed+open": ("fixed", True, False),
-    "useful-1": ("useful", True, False),
-    "useful": ("useful", True, True),
+VARIANTS = {  # label: (schedule, open_root, several, parallel)
+    "fixed": ("fixed", False, False, None),
+    "fixed+open": ("fixed", True, False, None),
+    "useful-1": ("useful", True, False, None),
+    "useful": ("useful", True, True, None),
+    "one": ("useful", True, True, False),
 }
 
 
@@ -67,7 +71,7 @@ def log(msg: str) -> None:
 def variant(label: str) -> Iterator[None]:
     """``Exact`` runs the ``label`` variant inside the block."""
     saved = Exact.schedule, Exact.open_root, Exact.several
-    Exact.schedule, Exact.open_root, Exact.several = VARIANTS[label]
+    Exact.schedule, Exact.open_root, Exact.several = VARIANTS[label][:3]
     try:
         yield
     finally:
@@ -82,8 +86,9 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
     with variant(label), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
+            parallel = VARIANTS[label][3]
             res = at.generate(lm, prompt, constraint, method="exact", n=n, seed=seed,
-                              **options)
+                              **options, **({} if parallel is None else {"parallel": parallel}))
         except at.AdaptrackError as err:
             return {"error": type(err).__name__, "s": time.perf_counter() - started,
                     "cpu": time.process_time() - cpu}

@@ -136,8 +136,8 @@ class GrammarMatcher(Matcher):
         token, 50 ms for a whole vocabulary: less than a model call, where the prefix tree
         would otherwise open one dead last position per token). Where the grammar knows its
         final bytes (a JSON object's ``}``) only the tokens holding one, or whitespace, are
-        tried (~1 ms). Should llguidance fail on the way, every allowed token (a superset,
-        as the contract allows)."""
+        tried (~0.5 ms at 49k tokens). Should llguidance fail on the way, every allowed token
+        (a superset, as the contract allows)."""
         if state is DONE:
             return _EMPTY
         key: tuple[int, ...] = state  # type: ignore[assignment]
