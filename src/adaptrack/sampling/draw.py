@@ -14,7 +14,7 @@ def draw(weights: np.ndarray, rng: np.random.Generator, exclude: int | None = No
     >>> sorted({draw(np.array([0.0, 1.0, 3.0]), rng, exclude=2) for _ in range(20)})
     [1]
     """
-    if exclude is not None:
+    if exclude is not None and weights[exclude] != 0:
         weights = weights.copy()
         weights[exclude] = 0.0
     cdf = np.cumsum(weights, dtype=np.float64)  # float32 would err by ~len · 6e-8
