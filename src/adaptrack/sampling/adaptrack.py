@@ -72,8 +72,11 @@ class AdapTrack(Method):
         """A token from P_Q(· | x), or from formula 4 when ``exclude`` is the old N[x]'s node."""
         w = Q.weights(x)
         j = None if exclude is None else exclude.slot
-        i = argmax(w, j) if self.greedy else draw(w, rng, j)
-        return Q.token(x, i)
+        if self.greedy:
+            return Q.token(x, argmax(w, j))
+        # Q's kept sums count j: of use only where j's weight is already 0 (it died).
+        cdf = Q.cumulative(x) if j is None or w[j] == 0 else None
+        return Q.token(x, draw(w, rng, j, cdf))
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         Q = self.shared if self.share_q else QTable(self.tree)  # line 2: Q ← ∅

@@ -62,7 +62,7 @@ class QTable:
         self._expansions: dict[int, Expansion] = {}
         self._below: dict[int, dict[int, float]] = {}  # slot → log Q[x::u], where not 0
         self._exact: dict[int, float] = {}  # log Q[x] when last summed in full
-        self._cache: dict[int, np.ndarray] = {}  # weights(x) of the last drawn, by age
+        self._cache: dict[int, _Drawn] = {}  # the last nodes drawn from, by age
         #: After :meth:`open`: per link x → n of the opened prefix's path that the update
         #: changed, deepest first, ``(n, p, log_ratio)``: p = P_Q(n|x) before the update as
         #: :meth:`prob` computed it, and log p'/p from the logs (within ~1e-12 of the
@@ -95,8 +95,8 @@ class QTable:
         if self._logq[key] < SCALED_BELOW:
             self._cache.pop(key, None)
             return self._scaled(key)[0]
-        w = self._cache.pop(key, None)
-        if w is None:
+        drawn = self._cache.pop(key, None)
+        if drawn is None:
             w = self._expansions[key].p.astype(np.float64)
             below = self._below[key]
             if below:
@@ -105,10 +105,35 @@ class QTable:
                 # A weight that rounds to 0 here is below e^-440 of the total: never drawn.
                 w[slots] *= np.exp(lq)
             w.flags.writeable = False  # shared with the next draw: readers copy to change
+            drawn = _Drawn(w)
             if len(self._cache) >= CACHED_WEIGHTS:
                 del self._cache[next(iter(self._cache))]
-        self._cache[key] = w
-        return w
+        self._cache[key] = drawn
+        return drawn.w
+
+    def cumulative(self, node: Node) -> np.ndarray | None:
+        """``np.cumsum(weights(node))``, bit for bit, where the table keeps ``node``'s
+        weights (it was drawn from lately; else None), read-only and valid until the next
+        :meth:`open`. A child that died since the last call only makes the sums after it
+        be added again, in the same order, so a search that opens a node's children one by
+        one does not sum its whole vocabulary each draw."""
+        drawn = self._cache.get(id(node))
+        if drawn is None:
+            return None
+        w, cdf, start = drawn.w, drawn.cdf, drawn.stale
+        if cdf is None:
+            cdf = drawn.cdf = np.cumsum(w, dtype=np.float64)
+        elif start < len(w):
+            # A cumulative sum adds left to right: going on from the last good sum gives
+            # the numbers a sum from the start would.
+            tail = w[start:].copy()
+            if start:
+                tail[0] += cdf[start - 1]
+            cdf.flags.writeable = True
+            np.cumsum(tail, dtype=np.float64, out=cdf[start:])
+        cdf.flags.writeable = False
+        drawn.stale = len(w)
+        return cdf
 
     def _scaled(self, key: int) -> tuple[np.ndarray, float]:
         """``(v, m)`` with w = v · e^m and max v = 1 (m = -inf when every child is dead)."""
@@ -170,12 +195,10 @@ class QTable:
             if new == old:
                 return
             below[i] = new
-            w = cache.get(key)
-            if w is not None:
+            drawn = cache.get(key)
+            if drawn is not None:
                 if new == -math.inf:  # what weights() computes: p · e^-inf = 0
-                    w.flags.writeable = True
-                    w[i] = 0.0
-                    w.flags.writeable = False
+                    drawn.kill(i)
                 else:
                     del cache[key]
             if new == -math.inf:
@@ -212,3 +235,21 @@ CACHED_WEIGHTS = 4
 #: full sum is summed again, which keeps its relative error about 1e-11 (measured: 6e-12
 #: after 500 updates of one chain).
 RESUM_SHRINK = math.log(1e4)
+
+
+class _Drawn:
+    """The weights of a node drawn from lately (:meth:`QTable.weights`), their cumulative
+    sums once asked for, and the first position whose sum is stale."""
+
+    __slots__ = ("cdf", "stale", "w")
+
+    def __init__(self, w: np.ndarray) -> None:
+        self.w, self.stale = w, len(w)
+        self.cdf: np.ndarray | None = None
+
+    def kill(self, i: int) -> None:
+        """Child ``i`` died: its weight is 0 and the sums from it on are stale."""
+        self.w.flags.writeable = True
+        self.w[i] = 0.0
+        self.w.flags.writeable = False
+        self.stale = min(self.stale, i)
