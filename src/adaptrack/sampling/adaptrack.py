@@ -4,7 +4,10 @@ N[x] holds the next token sampled after prefix x. Each round collects the sequen
 spells (Algorithm 1); if it is complete it is returned (lines 6-7), otherwise the new
 prefix s is opened, N[s] ~ P_Q(· | s) (line 9), Q is updated (line 10), and every earlier
 prefix x keeps N[x] with probability P_Q'(n|x) / P_Q(n|x) or backtracks to a token drawn
-from P_Q(· | x) without n (lines 11-19, formula 4).
+from P_Q(· | x) without n (lines 11-19, formula 4). The update of line 10 says along which
+links of the path it moved P_Q (``QTable.moved``); everywhere else p'/p is 1 and N[x] is
+kept without a draw, so a round does Python work per depth only where a ratio fell. The
+path itself is kept from round to round below the shallowest prefix that backtracked.
 
 With fresh Q per sample (the default) the result is close to, not exactly, the target
 distribution (docs/design.md §3); ``share_q`` keeps Q across the samples of a prompt.
