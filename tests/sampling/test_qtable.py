@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import adaptrack as at
+from adaptrack.sampling.draw import draw
 from adaptrack.sampling.qtable import QTable
 from adaptrack.sampling.tree import PrefixTree
-from adaptrack.testing import PROBLEMS
+from adaptrack.testing import PROBLEMS, hashed_weights
 
 
 def test_q_table_satisfies_formula_2_after_random_openings():
@@ -130,3 +131,54 @@ def test_q_stays_finite_in_log_space_and_exact_at_single_child_nodes() -> None:
     while not node.complete:
         assert Q.prob(node) == pytest.approx(1.0, abs=1e-10)  # AdapTrack's ROUNDING: 1e-9
         node = next(iter(node.children.values()))
+
+
+def test_an_update_lists_the_links_it_moved_and_kept_draw_sums_are_bit_for_bit() -> None:
+    """What AdapTrack's walk reads instead of P_Q at every depth (``moved``) and the weights
+    and sums Q keeps for the last drawn nodes, against P_Q and np.cumsum computed afresh,
+    on a crawl that opens a node's children one by one (many die at the length limit)."""
+    letters = [bytes([c]) for c in b"abcdefghijkl"]
+    lm = at.TableLM([*letters, b"<eos>"], hashed_weights(13, b"crawl"), eos=12)
+    # After "abc", "def" or "ghi" every letter is valid, but only "abcd", "defg" and "ghij"
+    # end within 5 tokens: a walk there opens children that die at once, one by one.
+    words = [p + c + "kk" for p in ("abc", "def", "ghi") for c in "abcdefghijkl"]
+    words += ["ab", "jkl", "abcd", "defg", "ghij"]
+    tree = PrefixTree(lm, [], at.constraints.choice(words).bind(lm.vocab), max_new_tokens=5,
+                      end="eos")
+    Q, fresh, rng = QTable(tree), QTable(tree), np.random.default_rng(0)
+    path, moved_links, partial_sums = [tree.root], 0, 0
+    for _ in range(300):
+        s = path[-1]
+        if s.complete:
+            path = [tree.root]
+            continue
+        before = [Q.prob(n) for n in path[1:]]
+        tree.expand(s)
+        Q.open(s)
+        fresh.open(s)
+        links = {id(n): (p, lr) for n, p, lr in Q.moved}
+        depths = [n.depth for n, _, _ in Q.moved]
+        assert depths == sorted(depths, reverse=True)  # longest prefix first
+        assert all(n is path[n.depth] for n, _, _ in Q.moved)
+        for n, p in zip(path[1:], before, strict=True):
+            now = Q.prob(n)
+            if id(n) not in links:
+                assert now == p  # not listed: P_Q kept bit for bit
+                continue
+            moved_links += 1
+            assert links[id(n)][0] == p
+            if now > 0 and not Q.dead(n.parent):
+                assert links[id(n)][1] == pytest.approx(math.log(now / p), abs=1e-12)
+        while path and Q.dead(path[-1]):
+            path.pop()  # its parent draws again, without it
+        if not path:
+            break
+        x = path[-1]
+        w = Q.weights(x)
+        partial_sums += Q._cache[id(x)].stale < len(w)  # a child died since its last draw
+        cdf = Q.cumulative(x)
+        fresh._cache.clear()  # the weights computed afresh, from the table's dict
+        assert cdf is not None and w.tobytes() == fresh.weights(x).tobytes()
+        assert cdf.tobytes() == np.cumsum(w, dtype=np.float64).tobytes()
+        path.append(tree.child(x, Q.token(x, draw(w, rng, cdf=cdf))))
+    assert moved_links > 100 and partial_sums > 20  # the cases above did happen

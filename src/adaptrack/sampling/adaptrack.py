@@ -4,7 +4,10 @@ N[x] holds the next token sampled after prefix x. Each round collects the sequen
 spells (Algorithm 1); if it is complete it is returned (lines 6-7), otherwise the new
 prefix s is opened, N[s] ~ P_Q(· | s) (line 9), Q is updated (line 10), and every earlier
 prefix x keeps N[x] with probability P_Q'(n|x) / P_Q(n|x) or backtracks to a token drawn
-from P_Q(· | x) without n (lines 11-19, formula 4).
+from P_Q(· | x) without n (lines 11-19, formula 4). The update of line 10 says along which
+links of the path it moved P_Q (``QTable.moved``); everywhere else p'/p is 1 and N[x] is
+kept without a draw, so a round does Python work per depth only where a ratio fell. The
+path itself is kept from round to round below the shallowest prefix that backtracked.
 
 With fresh Q per sample (the default) the result is close to, not exactly, the target
 distribution (docs/design.md §3); ``share_q`` keeps Q across the samples of a prompt.
@@ -14,6 +17,8 @@ With ``temperature=0``, N[x] is the argmax of P_Q(· | x), re-chosen after each 
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -26,6 +31,9 @@ from .tree import Node, PrefixTree
 # sums to 1 only up to rounding, and whether a Bernoulli draw happens must not depend on it
 # (else samples would change with the batch composition of the model's float arithmetic).
 ROUNDING = 1e-9
+# A link whose log p'/p from Q's logs (within ~1e-12 of the log of P_Q's ratio itself) is at
+# least this keeps N[x] whatever the rounding: P_Q is computed again only where it is not.
+SURELY_KEPT = math.log1p(-ROUNDING / 2)
 
 
 class AdapTrack(Method):
@@ -67,21 +75,29 @@ class AdapTrack(Method):
         """A token from P_Q(· | x), or from formula 4 when ``exclude`` is the old N[x]'s node."""
         w = Q.weights(x)
         j = None if exclude is None else exclude.slot
-        i = argmax(w, j) if self.greedy else draw(w, rng, j)
-        return Q.token(x, i)
+        if self.greedy:
+            return Q.token(x, argmax(w, j))
+        # Q's kept sums count j: of use only where j's weight is already 0 (it died).
+        cdf = Q.cumulative(x) if j is None or w[j] == 0 else None
+        return Q.token(x, draw(w, rng, j, cdf))
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         Q = self.shared if self.share_q else QTable(self.tree)  # line 2: Q ← ∅
         root = self.tree.root
         N: dict[Node, int] = {}  # line 3: N ← ∅
+        # Other walks open prefixes of a shared Q while this one waits (parallel): P_Q may
+        # then move at any depth of the path, not only where this walk's update moved it.
+        concurrent = self.share_q and self.width > 1
+        path = [root]
         while True:
-            path = [root]  # line 5, Algorithm 1: follow N from the empty prefix
+            # Line 5, Algorithm 1: follow N from the empty prefix. N above the shallowest
+            # prefix that backtracked is unchanged, so the path there is the last round's.
             while path[-1] in N:
                 path.append(self.tree.child(path[-1], N[path[-1]]))
             s = path[-1]
             if s.complete:
                 return s  # lines 6-7
-            before = [Q.prob(child) for child in path[1:]]  # P_Q(n|x), line 13
+            before = [Q.prob(child) for child in path[1:]] if concurrent else []  # line 13
             yield from self.expand(s)
             Q.open(s)  # line 10 (opening s is what changes Q)
             self.used(seen, s)
@@ -89,8 +105,17 @@ class AdapTrack(Method):
                 raise self.empty_language()
             if not Q.dead(s):
                 N[s] = self._choose(Q, rng, s)  # line 9
-            for depth in range(len(path) - 2, -1, -1):  # line 11, longest prefix first
-                x, n, p = path[depth], path[depth + 1], before[depth]  # line 12: n = N[x]
+            # Line 11, longest prefix first, over the prefixes x whose P_Q(n|x) may have
+            # moved (n = N[x], line 12): P_Q before the update (line 13) and log p'/p
+            # (-inf: not known).
+            moved = (Q.moved if not concurrent else
+                     [(n, p, -math.inf) for n, p in zip(path[:0:-1], before[::-1], strict=True)])
+            top = len(path)  # the shallowest depth whose N[x] changed
+            for n, p, log_ratio in moved:
+                if log_ratio >= SURELY_KEPT:
+                    continue  # the test below keeps it: no need to compute P_Q again
+                x = n.parent
+                assert x is not None
                 if Q.dead(x):
                     continue  # x is dead itself; its parent leaves it
                 p_new = Q.prob(n)  # line 14
@@ -100,13 +125,14 @@ class AdapTrack(Method):
                     if self._may_backtrack(x, s, p, p_new):
                         best = self._choose(Q, rng, x)
                         self.backtracks += best != n.token
-                        N[x] = best
+                        N[x], top = best, x.depth
                     continue
                 if not self._may_backtrack(x, s, p, p_new):
                     continue
                 if rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
-                    N[x] = self._choose(Q, rng, x, exclude=n)  # line 17, formula 4
+                    N[x], top = self._choose(Q, rng, x, exclude=n), x.depth  # line 17, formula 4
                     self.backtracks += 1
+            del path[top + 1:]
 
     def _may_backtrack(self, x: Node, s: Node, p: float, p_new: float) -> bool:
         if p_new == 0:

@@ -13,7 +13,8 @@ class Node:
     """One prefix: the tokens after the prompt, the constraint state after them."""
 
     __slots__ = ("children", "complete", "depth", "expansion", "in_chain", "logprob", "opened",
-                 "parent", "pending", "slot", "state", "token", "tokens", "truncated")
+                 "parent", "pending", "slot", "state", "token", "token_logp", "tokens",
+                 "truncated")
 
     def __init__(
         self, parent: Node | None, token: int | None, state: State, complete: bool,
@@ -24,6 +25,9 @@ class Node:
             () if parent is None or token is None else (*parent.tokens, token))
         self.depth = len(self.tokens)
         self.logprob = logprob  # log P(tokens | prompt) under the sampling model
+        # log P(token | parent) as the parent's expansion stores it: the Q table reads it at
+        # every level of every update, so it is taken once (0.0 for the root).
+        self.token_logp = 0.0
         self.children: dict[int, Node] = {}
         self.expansion: Expansion | None = None
         self.slot = -1  # position of ``token`` in the parent's ``expansion.ids``

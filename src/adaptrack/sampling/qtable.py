@@ -32,7 +32,12 @@ class QTable:
 
     Per opened node the table keeps only log Q[x::u] of the children whose Q is not 1 (the
     others weigh P(u|x), read from the tree's expansion), so a table costs a few numbers per
-    opened child, not a vocabulary-wide array per opened prefix.
+    opened child, not a vocabulary-wide array per opened prefix; the weights of the few
+    nodes drawn from last are kept as arrays (:data:`CACHED_WEIGHTS`), so that a search
+    that opens a node's children one by one does not rebuild them from the dict each draw.
+
+    :meth:`open` leaves in :attr:`moved` what the update did along the opened prefix's path
+    (what AdapTrack's lines 11-14 read), so that a walk need not compare P_Q at every depth.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
@@ -57,6 +62,13 @@ class QTable:
         self._expansions: dict[int, Expansion] = {}
         self._below: dict[int, dict[int, float]] = {}  # slot → log Q[x::u], where not 0
         self._exact: dict[int, float] = {}  # log Q[x] when last summed in full
+        self._cache: dict[int, _Drawn] = {}  # the last nodes drawn from, by age
+        #: After :meth:`open`: per link x → n of the opened prefix's path that the update
+        #: changed, deepest first, ``(n, p, log_ratio)``: p = P_Q(n|x) before the update as
+        #: :meth:`prob` computed it, and log p'/p from the logs (within ~1e-12 of the
+        #: log of what :meth:`prob` gives now, -inf when n died, nan when x died). Links
+        #: not listed kept P_Q(n|x) bit for bit.
+        self.moved: list[tuple[Node, float, float]] = []
 
     def is_open(self, node: Node) -> bool:
         return id(node) in self._logq
@@ -76,19 +88,52 @@ class QTable:
 
     def weights(self, node: Node) -> np.ndarray:
         """Weights proportional to w[u] = P(u|node) Q[node::u] over ``expansion.ids`` (node
-        must be open and not dead); a new array. They are w itself while Q[node] is within
+        must be open and not dead), read-only and valid until the next :meth:`open` (which
+        may update them in place). They are w itself while Q[node] is within
         float64's comfortable range, else w / max w (so they never all round to 0)."""
         key = id(node)
         if self._logq[key] < SCALED_BELOW:
+            self._cache.pop(key, None)
             return self._scaled(key)[0]
-        w = self._expansions[key].p.astype(np.float64)
-        below = self._below[key]
-        if below:
-            slots = np.fromiter(below.keys(), dtype=np.int64, count=len(below))
-            lq = np.fromiter(below.values(), dtype=np.float64, count=len(below))
-            # A weight that rounds to 0 here is below e^-440 of the total: never drawn.
-            w[slots] *= np.exp(lq)
-        return w
+        drawn = self._cache.pop(key, None)
+        if drawn is None:
+            w = self._expansions[key].p.astype(np.float64)
+            below = self._below[key]
+            if below:
+                slots = np.fromiter(below.keys(), dtype=np.int64, count=len(below))
+                lq = np.fromiter(below.values(), dtype=np.float64, count=len(below))
+                # A weight that rounds to 0 here is below e^-440 of the total: never drawn.
+                w[slots] *= np.exp(lq)
+            w.flags.writeable = False  # shared with the next draw: readers copy to change
+            drawn = _Drawn(w)
+            if len(self._cache) >= CACHED_WEIGHTS:
+                del self._cache[next(iter(self._cache))]
+        self._cache[key] = drawn
+        return drawn.w
+
+    def cumulative(self, node: Node) -> np.ndarray | None:
+        """``np.cumsum(weights(node))``, bit for bit, where the table keeps ``node``'s
+        weights (it was drawn from lately; else None), read-only and valid until the next
+        :meth:`open`. A child that died since the last call only makes the sums after it
+        be added again, in the same order, so a search that opens a node's children one by
+        one does not sum its whole vocabulary each draw."""
+        drawn = self._cache.get(id(node))
+        if drawn is None:
+            return None
+        w, cdf, start = drawn.w, drawn.cdf, drawn.stale
+        if cdf is None:
+            cdf = drawn.cdf = np.cumsum(w, dtype=np.float64)
+        elif start < len(w):
+            # A cumulative sum adds left to right: going on from the last good sum gives
+            # the numbers a sum from the start would.
+            tail = w[start:].copy()
+            if start:
+                tail[0] += cdf[start - 1]
+            cdf.flags.writeable = True
+            np.cumsum(tail, dtype=np.float64, out=cdf[start:])
+        cdf.flags.writeable = False
+        drawn.stale = len(w)
+        return cdf
 
     def _scaled(self, key: int) -> tuple[np.ndarray, float]:
         """``(v, m)`` with w = v · e^m and max v = 1 (m = -inf when every child is dead)."""
@@ -113,10 +158,11 @@ class QTable:
         below = self._below[key].get(child.slot, 0.0)
         if lq == -math.inf or below == -math.inf:
             return 0.0
-        return math.exp(math.log(self._expansions[key].p[child.slot]) + below - lq)
+        return math.exp(child.token_logp + below - lq)
 
     def open(self, node: Node) -> None:
         """Mark ``node`` old: Q[node] becomes its valid mass and ancestors follow (formula 2)."""
+        self.moved = []
         if self.is_open(node):
             return
         exp = node.expansion
@@ -137,7 +183,10 @@ class QTable:
         # §7.2.1: walk up once; each parent's weight for the path token becomes
         # P(token|parent) · Q[child], and its Q moves by the same difference, computed
         # relative to Q[parent] so that no term leaves float64's range.
-        new = self._logq[id(node)]
+        # ``moved`` gets, per link, P_Q(n|x) before (as :meth:`prob` computed it) and the
+        # log of its ratio, so that a reader compares P_Q only where it moved.
+        moved, cache, logq = self.moved, self._cache, self._logq
+        new = logq[id(node)]
         while node.parent is not None:
             parent = node.parent
             key, i = id(parent), node.slot
@@ -146,22 +195,30 @@ class QTable:
             if new == old:
                 return
             below[i] = new
+            drawn = cache.get(key)
+            if drawn is not None:
+                if new == -math.inf:  # what weights() computes: p · e^-inf = 0
+                    drawn.kill(i)
+                else:
+                    del cache[key]
             if new == -math.inf:
                 self._alive[key] -= 1
-            lq = self._logq[key]
+            lq = logq[key]
             # An exact -inf once every child is dead, so emptiness is detected, never
             # approximated.
             if self._alive[key] == 0:
                 new_lq = -math.inf
             else:
-                lp = math.log(self._expansions[key].p[i]) - lq
+                lp = node.token_logp - lq
                 r = (1.0 - math.exp(lp + old)) + math.exp(lp + new)
                 new_lq = lq + math.log(r) if r > 0 else -math.inf
                 # Each update errs by a rounding of the old Q, so the error relative to Q
                 # grows as Q shrinks: sum again once Q is far below its last exact sum.
                 if new_lq < self._exact[key] - RESUM_SHRINK:
                     new_lq = self._exact[key] = self._resum(key)
-            self._logq[key] = new_lq
+            logq[key] = new_lq
+            moved.append((node, math.exp(node.token_logp + old - lq),
+                          (new - old) - (new_lq - lq)))
             node, new = parent, new_lq
 
     def _resum(self, key: int) -> float:
@@ -172,7 +229,27 @@ class QTable:
 #: log Q below which :meth:`QTable.weights` scales the weights to max 1 (e^-300 ≈ 5e-131):
 #: above it every weight that matters (> e^-400 of the total) is a normal float64.
 SCALED_BELOW = -300.0
+#: How many nodes' weights :meth:`QTable.weights` keeps as arrays (the last drawn from).
+CACHED_WEIGHTS = 4
 #: A Q that the running update has shrunk to below e^-RESUM_SHRINK (≈ 1e-4) of its last
 #: full sum is summed again, which keeps its relative error about 1e-11 (measured: 6e-12
 #: after 500 updates of one chain).
 RESUM_SHRINK = math.log(1e4)
+
+
+class _Drawn:
+    """The weights of a node drawn from lately (:meth:`QTable.weights`), their cumulative
+    sums once asked for, and the first position whose sum is stale."""
+
+    __slots__ = ("cdf", "stale", "w")
+
+    def __init__(self, w: np.ndarray) -> None:
+        self.w, self.stale = w, len(w)
+        self.cdf: np.ndarray | None = None
+
+    def kill(self, i: int) -> None:
+        """Child ``i`` died: its weight is 0 and the sums from it on are stale."""
+        self.w.flags.writeable = True
+        self.w[i] = 0.0
+        self.w.flags.writeable = False
+        self.stale = min(self.stale, i)

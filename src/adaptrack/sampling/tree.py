@@ -246,6 +246,11 @@ class PrefixTree:
         """Keep ``node``'s expansion for good (a Q table opened it); ``TreeLimitError`` once
         the opened expansions hold more than ``max_opened_bytes``."""
         if self.nodes.pin(node):
+            # Children made before a cache eviction read an earlier copy of this expansion;
+            # from now on every reader (Q above all) sees the pinned one.
+            p = node.expansion.p  # type: ignore[union-attr]
+            for child in node.children.values():
+                child.token_logp = math.log(p[child.slot])
             self.budgets.check_opened(self.nodes.opened_bytes, self.nodes.count)
 
     def child(self, node: Node, token: int, expansion: Expansion | None = None) -> Node:
@@ -272,6 +277,7 @@ class PrefixTree:
         if node.pending and token == node.pending[0]:  # the rest of the chain; at its end,
             child.pending, child.in_chain = node.pending[1:] or None, True  # new forced bytes
         child.slot = exp.index(token)
-        child.logprob = node.logprob + math.log(exp.p[child.slot])
+        child.token_logp = math.log(exp.p[child.slot])
+        child.logprob = node.logprob + child.token_logp
         self.nodes.add(node, token, child)
         return child
