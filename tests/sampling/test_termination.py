@@ -662,3 +662,30 @@ def test_prompt_ids_must_be_ints() -> None:
         generate(TINY, [True, 0], AB)
     with pytest.raises(TypeError, match="prompt must be a str or a sequence"):
         generate(TINY, b"ab", AB)
+
+
+def test_parallel_shared_q_leaves_a_link_another_walk_killed() -> None:
+    """With ``share_q`` and walks in parallel, a walk may come back along N to a prefix
+    another walk found dead while it waited (P_Q 0 before and after its own update); it
+    must leave it, not loop without yielding (where no budget can stop it). Run in a
+    subprocess: the old behaviour never returns."""
+    import subprocess
+    import sys
+
+    code = (
+        "import adaptrack as at, warnings\n"
+        "from adaptrack.testing import length_bound\n"
+        "warnings.simplefilter('ignore')\n"
+        "lm, c, k = length_bound()\n"
+        "for seed in (69, 97, 125):\n"
+        "    res = at.generate(lm, [], c, method='adaptrack', n=3, seed=seed, end='eos',\n"
+        "                      max_new_tokens=k, share_q=True, parallel=True)\n"
+        "    assert all(s.complete for s in res.samples), res.samples\n"
+        "print('ok')\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("adaptrack with share_q and parallel=True did not return within 120 s")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

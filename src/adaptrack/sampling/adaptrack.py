@@ -119,7 +119,7 @@ class AdapTrack(Method):
                 if Q.dead(x):
                     continue  # x is dead itself; its parent leaves it
                 p_new = Q.prob(n)  # line 14
-                if p_new >= p * (1 - ROUNDING):
+                if p_new >= p * (1 - ROUNDING) and p_new > 0:
                     continue  # kept for sure (p'/p ≥ 1); rounding must not consume randomness
                 if self.greedy:
                     if self._may_backtrack(x, s, p, p_new):
@@ -129,7 +129,9 @@ class AdapTrack(Method):
                     continue
                 if not self._may_backtrack(x, s, p, p_new):
                     continue
-                if rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
+                # p = 0: another walk of a shared Q killed n while this one waited
+                # (parallel); keeping the dead link would follow it forever.
+                if p == 0 or rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
                     N[x], top = self._choose(Q, rng, x, exclude=n), x.depth  # line 17, formula 4
                     self.backtracks += 1
             del path[top + 1:]
