@@ -12,6 +12,8 @@ for the run):
   attempt per slot and round;
 - ``useful`` (the default): the same, a slot running several attempts at once when a round
   has more attempts than slots waiting (n = 1, a request's last samples);
+- ``lean``: ``useful`` with rounds of once (not twice) the last round's useful attempts and
+  at least a quarter (not half) of the slots waiting;
 - ``one``: one attempt at a time (``parallel=False``), each on the Q every earlier attempt
   left: the fewest rejections a schedule can reach, in as many passes as model calls.
 
@@ -31,7 +33,7 @@ table ends with ``cd``'s CPU time on the same seeds. CPU time is the process's (
 Run:  OMP_NUM_THREADS=1 python benchmarks/rounds.py [--quick] [--repeat 2]
       [--workloads binary,slia,everyday] [--binary-n 500] [--slia-n 10] [--slia 1]
       [--everyday-n 1,5] [--everyday-repeat R]
-      [--variants fixed,fixed+open,useful-1,useful,one]
+      [--variants fixed,fixed+open,useful-1,useful,lean,one]
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ from adaptrack.eval.dsl import PAPER_OPTIONS, problems, prompt_ids
 from adaptrack.sampling.exact import Exact
 
 DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
-VARIANTS = {  # label: (schedule, open_root, several, parallel)
-    "fixed": ("fixed", False, False, None),
-    "fixed+open": ("fixed", True, False, None),
-    "useful-1": ("useful", True, False, None),
-    "useful": ("useful", True, True, None),
-    "one": ("useful", True, True, False),
+VARIANTS = {  # label: (schedule, open_root, several, (growth, floor), parallel)
+    "fixed": ("fixed", False, False, (2.0, 0.5), None),
+    "fixed+open": ("fixed", True, False, (2.0, 0.5), None),
+    "useful-1": ("useful", True, False, (2.0, 0.5), None),
+    "useful": ("useful", True, True, (2.0, 0.5), None),
+    "lean": ("useful", True, True, (1.0, 0.25), None),
+    "useful-g1": ("useful", True, True, (1.0, 0.5), None),
+    "useful-f4": ("useful", True, True, (2.0, 0.25), None),
+    "one": ("useful", True, True, (2.0, 0.5), False),
 }
 
 
@@ -70,12 +75,13 @@ def log(msg: str) -> None:
 @contextlib.contextmanager
 def variant(label: str) -> Iterator[None]:
     """``Exact`` runs the ``label`` variant inside the block."""
-    saved = Exact.schedule, Exact.open_root, Exact.several
-    Exact.schedule, Exact.open_root, Exact.several = VARIANTS[label][:3]
+    saved = Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor)
+    (Exact.schedule, Exact.open_root, Exact.several,
+     (Exact.growth, Exact.floor)) = VARIANTS[label][:4]
     try:
         yield
     finally:
-        Exact.schedule, Exact.open_root, Exact.several = saved
+        Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor) = saved
 
 
 def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
@@ -86,7 +92,7 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
     with variant(label), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            parallel = VARIANTS[label][3]
+            parallel = VARIANTS[label][4]
             res = at.generate(lm, prompt, constraint, method="exact", n=n, seed=seed,
                               **options, **({} if parallel is None else {"parallel": parallel}))
         except at.AdaptrackError as err:

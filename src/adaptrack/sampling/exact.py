@@ -96,6 +96,9 @@ class Exact(Method):
     several = True
     #: Whether the root is opened before the first attempt.
     open_root = True
+    #: ``useful``: a round runs ``growth`` times the last round's useful attempts, and at
+    #: least ``floor`` of the slots waiting (benchmarks/rounds.py measures other values).
+    growth, floor = 2.0, 0.5
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
@@ -124,9 +127,9 @@ class Exact(Method):
         self._deferred.clear()
         if self._ended:
             if self.schedule == "useful":
-                self._width = 2 * self._count_useful()
+                self._width = int(self.growth * self._count_useful())
         if self.schedule == "useful":  # never fewer than half the slots waiting
-            self._width = max(self._width, (self._asking + 1) // 2, 1)
+            self._width = max(self._width, int(self.floor * self._asking + 0.5), 1)
         self._width = min(self._width, self.width)  # ``parallel``: attempts in flight
         self._tickets = self._width
         # Several attempts for one slot only when every slot of the next round is waiting
