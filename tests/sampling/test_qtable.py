@@ -145,7 +145,7 @@ def test_an_update_lists_the_links_it_moved_and_kept_draw_sums_are_bit_for_bit()
     words += ["ab", "jkl", "abcd", "defg", "ghij"]
     tree = PrefixTree(lm, [], at.constraints.choice(words).bind(lm.vocab), max_new_tokens=5,
                       end="eos")
-    Q, fresh, rng = QTable(tree), QTable(tree), np.random.default_rng(0)
+    Q, fresh, rng = QTable(tree, moves=True), QTable(tree), np.random.default_rng(0)
     path, moved_links, partial_sums = [tree.root], 0, 0
     for _ in range(300):
         s = path[-1]

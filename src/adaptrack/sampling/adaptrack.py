@@ -68,7 +68,7 @@ class AdapTrack(Method):
         self.share_q, self.independent = share_q, not share_q
         self.parallel = False  # shared Q: one walk at a time unless asked (docs/design.md §3)
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
-        self.shared = QTable(self.tree)
+        self.shared = QTable(self.tree, moves=True)
 
     def _choose(self, Q: QTable, rng: np.random.Generator, x: Node,
                 exclude: Node | None = None) -> int:
@@ -82,7 +82,7 @@ class AdapTrack(Method):
         return Q.token(x, draw(w, rng, j, cdf))
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
-        Q = self.shared if self.share_q else QTable(self.tree)  # line 2: Q ← ∅
+        Q = self.shared if self.share_q else QTable(self.tree, moves=True)  # line 2: Q ← ∅
         root = self.tree.root
         N: dict[Node, int] = {}  # line 3: N ← ∅
         # Other walks open prefixes of a shared Q while this one waits (parallel): P_Q may

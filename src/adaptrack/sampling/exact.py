@@ -128,7 +128,7 @@ class Exact(Method):
         if self._ended:
             if self.schedule == "useful":
                 self._width = int(self.growth * self._count_useful())
-        if self.schedule == "useful":  # never fewer than half the slots waiting
+        if self.schedule == "useful":  # never fewer than ``floor`` of the slots waiting
             self._width = max(self._width, int(self.floor * self._asking + 0.5), 1)
         self._width = min(self._width, self.width)  # ``parallel``: attempts in flight
         self._tickets = self._width

@@ -36,8 +36,9 @@ class QTable:
     nodes drawn from last are kept as arrays (:data:`CACHED_WEIGHTS`), so that a search
     that opens a node's children one by one does not rebuild them from the dict each draw.
 
-    :meth:`open` leaves in :attr:`moved` what the update did along the opened prefix's path
-    (what AdapTrack's lines 11-14 read), so that a walk need not compare P_Q at every depth.
+    With ``moves=True``, :meth:`open` leaves in :attr:`moved` what the update did along the
+    opened prefix's path (what AdapTrack's lines 11-14 read), so that a walk need not compare
+    P_Q at every depth; the other methods do not read it and do not pay for it.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
@@ -55,8 +56,8 @@ class QTable:
     (True, False)
     """
 
-    def __init__(self, tree: PrefixTree) -> None:
-        self.tree = tree
+    def __init__(self, tree: PrefixTree, *, moves: bool = False) -> None:
+        self.tree, self.moves = tree, moves
         self._logq: dict[int, float] = {}  # log Q[x]; -inf once every child is dead
         self._alive: dict[int, int] = {}
         self._expansions: dict[int, Expansion] = {}
@@ -217,8 +218,9 @@ class QTable:
                 if new_lq < self._exact[key] - RESUM_SHRINK:
                     new_lq = self._exact[key] = self._resum(key)
             logq[key] = new_lq
-            moved.append((node, math.exp(node.token_logp + old - lq),
-                          (new - old) - (new_lq - lq)))
+            if self.moves:
+                moved.append((node, math.exp(node.token_logp + old - lq),
+                              (new - old) - (new_lq - lq)))
             node, new = parent, new_lq
 
     def _resum(self, key: int) -> float:
