@@ -47,8 +47,9 @@ UNREACHABLE = 1 << 62
 # after a key (":" expected), after a value, in a scalar, after the top-level value.
 _VALUE, _VALUE0, _VALUEA, _KEY0, _KEY, _STR, _COLON, _AFTER, _SCALAR_M, _END = range(10)
 
-Frame = tuple[int, Any, frozenset[str], str | None, bool]
-"""An open container: its opening byte, its schema (None: unknown), the keys written, the
+Frame = tuple[int, int, frozenset[str], str | None, bool]
+"""An open container: its opening byte, its schema (an index into
+:attr:`JsonScanner.schemas`; -1: unknown), the keys written, the
 key of the member being written (None: unknown), and whether a member precedes the next
 key without a ``,`` yet."""
 Snapshot = tuple[int, tuple[Frame, ...], str | None, bool, bool]
@@ -121,16 +122,31 @@ class JsonScanner:
 
     def __init__(self, schema: Any) -> None:
         self.schema = schema
+        #: The schemas of open containers, by index (snapshots hold the index: hashable).
+        self.schemas: list[Any] = []
+        self._index: dict[int, int] = {}
+        self._obligations: dict[Snapshot, bytes] = {}
+        self._required: dict[int, list[str]] = {}
 
     def start(self) -> Snapshot:
         return (_VALUE, (), None, False, False)
+
+    def _schema_index(self, schema: Any) -> int:
+        """``schema``'s index in :attr:`schemas` (-1 for None)."""
+        if schema is None:
+            return -1
+        found = self._index.get(id(schema))
+        if found is None:
+            found = self._index[id(schema)] = len(self.schemas)
+            self.schemas.append(schema)  # kept: its id stays its own
+        return found
 
     def _value_schema(self, frames: tuple[Frame, ...]) -> Any:
         """The schema of a value that starts now, None where unknown."""
         if not frames:
             return self.schema
-        kind, schema, _, cur, _ = frames[-1]
-        schema = _known(schema)
+        kind, index, _, cur, _ = frames[-1]
+        schema = _known(self.schemas[index]) if index >= 0 else None
         if schema is None:
             return None
         if kind == 0x7B:
@@ -154,10 +170,10 @@ class JsonScanner:
                     esc, key = True, None
                 elif b == 0x22:
                     if is_key:
-                        kind, schema, written, _, _ = frames[-1]
+                        kind, index, written, _, _ = frames[-1]
                         if key is not None:
                             written = written | {key}
-                        frames = (*frames[:-1], (kind, schema, written, key, True))
+                        frames = (*frames[:-1], (kind, index, written, key, True))
                         mode = _COLON
                     else:
                         mode = _AFTER
@@ -172,7 +188,8 @@ class JsonScanner:
                 continue
             if mode in (_VALUE, _VALUE0, _VALUEA):
                 if b == 0x7B or b == 0x5B:
-                    frames = (*frames, (b, self._value_schema(frames), frozenset(), None, False))
+                    index = self._schema_index(self._value_schema(frames))
+                    frames = (*frames, (b, index, frozenset(), None, False))
                     mode = _KEY0 if b == 0x7B else _VALUE0
                 elif b == 0x22:
                     mode, is_key, esc = _STR, False, False
@@ -196,10 +213,10 @@ class JsonScanner:
             elif mode == _AFTER:
                 if not frames:
                     return None
-                kind, schema, written, cur, _ = frames[-1]
+                kind, index, written, cur, _ = frames[-1]
                 if b == 0x2C:
                     if kind == 0x7B:
-                        frames = (*frames[:-1], (kind, schema, written, cur, False))
+                        frames = (*frames[:-1], (kind, index, written, cur, False))
                         mode = _KEY
                     else:
                         mode = _VALUEA
@@ -215,6 +232,14 @@ class JsonScanner:
         """Bytes every completion of the prefix holds as a subsequence (module doc)."""
         if snap is None:
             return b""
+        found = self._obligations.get(snap)
+        if found is None:
+            found = self._obligations[snap] = self._find_obligations(snap)
+            if len(self._obligations) > 1 << 16:
+                self._obligations.clear()
+        return found
+
+    def _find_obligations(self, snap: Snapshot) -> bytes:
         mode, frames, key, _, is_key = snap
         out = bytearray()
         in_key = mode == _STR and is_key
@@ -226,13 +251,16 @@ class JsonScanner:
             out += b":" + _minimal(self._value_schema(frames))
         elif mode in (_VALUE, _VALUEA):
             out += _minimal(self._value_schema(frames))
-        for depth, (kind, schema, written, _, sep) in enumerate(reversed(frames)):
+        for depth, (kind, index, written, _, sep) in enumerate(reversed(frames)):
             if kind == 0x5B:
                 out += b"]"
                 continue
-            found = _known(schema)
+            found = _known(self.schemas[index]) if index >= 0 else None
             if found is not None:
-                pending = [k for k in _required(found) if k not in written]
+                required = self._required.get(index)
+                if required is None:
+                    required = self._required[index] = _required(found)
+                pending = [k for k in required if k not in written]
                 if depth == 0 and in_key:
                     # The key being written may be any of those it is a prefix of.
                     pending = [k for k in pending if key is not None and not k.startswith(key)]
@@ -260,6 +288,14 @@ class TokenCover:
         self.lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
         self._holding: dict[int, np.ndarray] = {}
         self._counts: LRU[bytes, int] = LRU(1 << 14)
+        plain = np.zeros(vocab.size, dtype=bool)
+        for i in range(min(vocab.size, len(vocab.token_bytes))):
+            data = vocab.bytes_of(i)
+            plain[i] = bool(data) and not vocab.is_eos(i) and b'"' not in data and \
+                b"\\" not in data and min(data) >= 0x20
+        #: Tokens made only of plain JSON string bytes (no quote, backslash or control
+        #: byte): inside a string they leave the obligations as they are.
+        self.plain = plain
 
     def _tokens_holding(self, byte: int) -> np.ndarray:
         found = self._holding.get(byte)
@@ -328,14 +364,7 @@ class JsonBound:
     def __init__(self, schema: Any, vocab: Vocabulary) -> None:
         self.scanner, self.vocab = JsonScanner(schema), vocab
         self.cover = token_cover(vocab)
-        plain = np.zeros(vocab.size, dtype=bool)
-        for i in range(min(vocab.size, len(vocab.token_bytes))):
-            data = vocab.bytes_of(i)
-            plain[i] = bool(data) and not vocab.is_eos(i) and b'"' not in data and \
-                b"\\" not in data and min(data) >= 0x20
-        #: Tokens made only of plain string bytes: inside a string they leave the
-        #: obligations as they are, so they share the string's bound.
-        self.plain = plain
+        self.plain = self.cover.plain
         self._snaps: LRU[tuple[int, ...], object] = LRU(1 << 16)
         # The prefix tree asks a node twice (whether it is dead, then its expansion).
         self._recent: LRU[tuple[tuple[int, ...], int], np.ndarray] = LRU(64)
