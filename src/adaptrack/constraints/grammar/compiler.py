@@ -32,7 +32,7 @@ from ...cache import LRU
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
 from .bounds import regex_min_tokens
-from .jsonbound import JsonBound
+from .jsonbound import JsonBound, bounded
 from .tokenizer import ll_vocab
 
 if TYPE_CHECKING:
@@ -172,10 +172,12 @@ class CompiledGrammar:
 
     def json_bound(self) -> JsonBound | None:
         """The token bound of a JSON schema's texts (:class:`~.jsonbound.JsonBound`),
-        made at the first need; None for other grammars."""
+        made at the first need; None for other grammars and for a schema whose
+        ``x-guidance`` options change more than whitespace."""
         if self._json is None:
             schema = self.grammar.schema
-            self._json = (None if schema is None else JsonBound(schema, self.vocab),)
+            self._json = (JsonBound(schema, self.vocab) if schema is not None and bounded(schema)
+                          else None,)
         return self._json[0]
 
     def min_new_tokens(self) -> int:

@@ -339,13 +339,27 @@ def token_cover(vocab: Vocabulary) -> TokenCover:
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _MISSING = object()
+#: ``x-guidance`` options under which llguidance still writes JSON with ``,`` and ``:``.
+_PLAIN_OPTIONS = frozenset({"whitespace_flexible", "whitespace_pattern"})
+
+
+def bounded(schema: Any) -> bool:
+    """Whether the scanner reads ``schema``'s texts as llguidance writes them: its
+    ``x-guidance`` options, if any, change only the whitespace.
+
+    >>> bounded({"type": "object"}), bounded({"x-guidance": {"key_separator": "="}})
+    (True, False)
+    """
+    options = schema.get("x-guidance") if isinstance(schema, dict) else None
+    return options is None or (isinstance(options, dict) and options.keys() <= _PLAIN_OPTIONS)
 
 
 class JsonBound:
     """The token bound of one JSON schema on one vocabulary: :meth:`need` of a state (a
     token tuple), and :meth:`within`, the allowed tokens after which a completion may
-    still fit. Snapshots are kept by state (65 536, least recently used out), so a state's
-    is one step past its parent's.
+    still fit. Snapshots are kept by state (16 384, least recently used out), so a state's
+    is one step past its parent's. Schemas whose ``x-guidance`` sets more than the
+    whitespace (separators of their own, say) get no bound (:func:`bounded`).
 
     >>> v = Vocabulary([b'{"a":"', b'x', b'"', b'}', b'"}', b'<e>'], eos_ids=[5])
     >>> b = JsonBound({"type": "object", "properties": {"a": {"type": "string"}},
@@ -365,7 +379,7 @@ class JsonBound:
         self.scanner, self.vocab = JsonScanner(schema), vocab
         self.cover = token_cover(vocab)
         self.plain = self.cover.plain
-        self._snaps: LRU[tuple[int, ...], object] = LRU(1 << 16)
+        self._snaps: LRU[tuple[int, ...], object] = LRU(1 << 14)
         # The prefix tree asks a node twice (whether it is dead, then its expansion).
         self._recent: LRU[tuple[tuple[int, ...], int], np.ndarray] = LRU(64)
         self._lock = threading.Lock()
