@@ -201,3 +201,19 @@ def test_string_that_cannot_close_in_time_is_dead(default_vocab, monkeypatch):
     assert not np.isin(kept, np.flatnonzero(m.compiled.json_bound().plain)).any()
     monkeypatch.setattr(GrammarMatcher, "within", Matcher.within)
     assert len(Expander(m, max_new_tokens=node.depth + 5).valid(node)) > 40000
+
+
+def test_a_key_being_written_keeps_the_required_keys_it_cannot_become():
+    tokens = [b'{"', b"a", b"b", b'":"', b'"', b'","', b'b":"', b'"}', b"<e>"]
+    vocab = Vocabulary(tokens, eos_ids=[8])
+    schema = {"type": "object", "properties": {"a": {"type": "string"},
+                                               "b": {"type": "string"}}, "required": ["b"]}
+    m = json_schema(schema).bind(vocab)
+    state = m.advance(m.start(), 0)
+    for left in range(3, 8):
+        within = m.within(state, left).tolist()
+        assert set(within) <= set(m.allowed(state).tolist())
+        # After 'a', "b" is still required: '":"' '","' 'b":"' '"}' EOS at the least.
+        assert (1 in within) == (left >= 6)
+        # 'b' may be the required key itself: '":"' '"}' EOS.
+        assert (2 in within) == (left >= 4)

@@ -294,7 +294,7 @@ class TokenCover:
             plain[i] = bool(data) and not vocab.is_eos(i) and b'"' not in data and \
                 b"\\" not in data and min(data) >= 0x20
         #: Tokens made only of plain JSON string bytes (no quote, backslash or control
-        #: byte): inside a string they leave the obligations as they are.
+        #: byte): inside a value string they leave the obligations as they are.
         self.plain = plain
 
     def _tokens_holding(self, byte: int) -> np.ndarray:
@@ -413,8 +413,8 @@ class JsonBound:
     def within(self, state: tuple[int, ...], tokens: int, allowed: np.ndarray) -> np.ndarray:
         """Of ``allowed`` (the tokens the grammar allows after ``state``), those after which
         a completion may still fit in ``tokens - 1`` more tokens, EOS included: none where
-        ``state`` itself needs more than ``tokens``; inside a string where the string's bound
-        leaves no room, no plain string token; others checked one by one (all where there
+        ``state`` itself needs more than ``tokens``; inside a value string where the string's
+        bound leaves no room, no plain string token; others checked one by one (all where there
         are many and the bound leaves room to spare): a superset of the exact set."""
         with self._lock:
             found = self._recent.get((state, tokens))
@@ -435,7 +435,8 @@ class JsonBound:
         if need > tokens:
             return _EMPTY
         keep = np.ones(len(allowed), dtype=bool)
-        open_string = snap is not None and snap[0] == _STR and not snap[3]
+        # A value string only: in a key, bytes change which required keys it may be.
+        open_string = snap is not None and snap[0] == _STR and not snap[3] and not snap[4]
         plain = self.plain[allowed] if open_string else np.zeros(len(allowed), dtype=bool)
         if need > room:
             keep[plain] = False
