@@ -4,7 +4,8 @@ schema (docs/design.md §2, "the tokens a text still needs").
 A prefix's *obligations* are bytes every completion must still hold, in this order: the
 ``"`` that closes an open string, then for each open object (innermost first) the members
 of its required properties not yet written (``,`` where a member comes before, the key
-``"k"``, ``:``, the fixed bytes of a minimal value), then its ``}`` (an array's ``]``).
+``"k"``, ``:``, the fixed bytes of a minimal value; after a ``,`` with none pending, the
+quotes and ``:`` of the member that must follow), then its ``}`` (an array's ``]``).
 llguidance writes an object's properties in the schema's order and its keys without
 escapes, so these bytes come in this order. A completion's text therefore holds the
 obligations' concatenation as a *subsequence*; the fewest vocabulary tokens whose
@@ -239,6 +240,13 @@ class JsonScanner:
                 self._obligations.clear()
         return found
 
+    def _required_of(self, index: int, schema: dict[str, Any]) -> list[str]:
+        """:func:`_required` of the container schema at ``index``, kept."""
+        found = self._required.get(index)
+        if found is None:
+            found = self._required[index] = _required(schema)
+        return found
+
     def _find_obligations(self, snap: Snapshot) -> bytes:
         mode, frames, key, _, is_key = snap
         out = bytearray()
@@ -256,11 +264,11 @@ class JsonScanner:
                 out += b"]"
                 continue
             found = _known(self.schemas[index]) if index >= 0 else None
+            if depth == 0 and mode == _KEY and (found is None or not [
+                    k for k in self._required_of(index, found) if k not in written]):
+                out += b'"":'  # after "," a member follows: a key (quoted), ":"
             if found is not None:
-                required = self._required.get(index)
-                if required is None:
-                    required = self._required[index] = _required(found)
-                pending = [k for k in required if k not in written]
+                pending = [k for k in self._required_of(index, found) if k not in written]
                 if depth == 0 and in_key:
                     # The key being written may be any of those it is a prefix of.
                     pending = [k for k in pending if key is not None and not k.startswith(key)]
