@@ -112,13 +112,14 @@ def assert_contract(
 
     The rules: ``allowed`` and ``finishing`` are sorted unique int ids of the vocabulary;
     ``finishing`` ⊆ ``closing`` ⊆ ``allowed``, and ``closing`` lists every token after which a
-    finishing token is valid; ``advance`` is not ``None`` exactly on ``allowed`` for an
-    eager matcher (only inside it for a lazy one); ``advance`` of a finishing token is
-    complete; ``forced_bytes`` is a prefix of every valid continuation's bytes (empty
-    where EOS is valid), and with ``limit=k`` its first ``k`` bytes; ``min_new_tokens`` is
-    an int >= 1 and no walk completes in fewer tokens. On vocabularies larger than
-    ``sample`` ids, ``advance`` is tried on ``sample`` random ids plus up to ``sample``
-    allowed ones per state.
+    finishing token is valid; ``within(state, k)`` is ``finishing`` at 1, ``closing`` at 2,
+    and between ``closing`` and ``allowed`` beyond (eager matchers); ``advance`` is not
+    ``None`` exactly on ``allowed`` for an eager matcher (only inside it for a lazy one);
+    ``advance`` of a finishing token is complete; ``forced_bytes`` is a prefix of every
+    valid continuation's bytes (empty where EOS is valid), and with ``limit=k`` its first
+    ``k`` bytes; ``min_new_tokens`` is an int >= 1 and no walk completes in fewer tokens.
+    On vocabularies larger than ``sample`` ids, ``advance`` is tried on ``sample`` random
+    ids plus up to ``sample`` allowed ones per state.
 
     >>> from adaptrack import constraints
     >>> from adaptrack.tokenization.vocab import Vocabulary
@@ -150,6 +151,8 @@ def assert_contract(
             _rule(fin <= closes <= set(allowed.tolist()),
                   "closing lies between finishing and allowed", state, text,
                   f"closing {sorted(closes)[:8]}, finishing {sorted(fin)[:8]}")
+            if not m.lazy:
+                _checked_within(m, state, text, allowed, finishing, closing)
             tried = ids if vocab.size <= sample else np.union1d(
                 rng.sample(range(vocab.size), sample),
                 allowed[rng.sample(range(len(allowed)), min(sample, len(allowed)))])
@@ -162,6 +165,20 @@ def assert_contract(
                 break
             tok, state = rng.choice(nexts)
             text, depth = text + vocab.bytes_of(tok), depth + 1
+
+
+def _checked_within(m: constraints.Matcher, state: Any, text: bytes, allowed: np.ndarray,
+                    finishing: np.ndarray, closing: np.ndarray) -> None:
+    """``m.within(state, k)`` against the state's other masks."""
+    for k, low, high in ((1, finishing, finishing), (2, closing, closing), (3, closing, allowed),
+                         (6, closing, allowed)):
+        got = m.within(state, k)
+        rule = "within(state, k) is finishing at 1, closing at 2, between closing and allowed"
+        _rule(isinstance(got, np.ndarray) and bool((np.diff(got) > 0).all()),
+              "within is sorted unique int ids", state, text, f"got {got!r}"[:200])
+        ids = set(got.tolist())
+        _rule(set(low.tolist()) <= ids <= set(high.tolist()), rule, state, text,
+              f"k={k}: within {sorted(ids)[:8]}")
 
 
 def _checked_forced(m: constraints.Matcher, state: Any, text: bytes) -> bytes:

@@ -182,6 +182,30 @@ class Matcher(ABC):
         """
         return self.allowed(state)
 
+    def within(self, state: State, tokens: int) -> np.ndarray:
+        """Sorted ids of the valid next tokens after which the sequence may be complete
+        within ``tokens - 1`` more tokens, the end token (EOS, or the token carrying a
+        terminator or stop string) included: at ``tokens`` 1 :meth:`finishing`, at 2
+        :meth:`closing`, and beyond a superset of the exact set, whatever the matcher can
+        rule out before any model call (a JSON text that cannot close its strings, required
+        keys and brackets in time, docs/design.md §2). The prefix tree takes these alone
+        where ``tokens`` are left within ``max_new_tokens``. This default knows nothing
+        beyond the last two positions.
+
+        >>> from adaptrack.constraints import choice
+        >>> from adaptrack.tokenization.vocab import Vocabulary
+        >>> m = choice(["ab", "aab"]).bind(Vocabulary([b"a", b"b", b"<e>"], eos_ids=[2]))
+        >>> m.within(m.start(), 3).tolist(), m.within(m.start(), 1).tolist()
+        ([0], [])
+        """
+        if tokens <= 0:
+            return _NONE
+        if tokens == 1:
+            return self.finishing(state)
+        if tokens == 2:
+            return self.closing(state)
+        return self.allowed(state)
+
     def min_new_tokens(self) -> int:
         """A lower bound on the number of tokens (EOS or the terminator's token included) of
         any complete sequence from :meth:`start`; ``generate`` refuses a ``max_new_tokens``

@@ -105,6 +105,11 @@ class AllOfMatcher(Matcher):
         masks = [m.closing(s) for m, s in zip(self.parts, _parts(state), strict=True)]
         return reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), masks)
 
+    def within(self, state: State, tokens: int) -> np.ndarray:
+        # A superset, as for closing: a text complete for every part is complete for each.
+        masks = [m.within(s, tokens) for m, s in zip(self.parts, _parts(state), strict=True)]
+        return reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), masks)
+
     def advance(self, state: State, token: int) -> State | None:
         after = []
         for m, s in zip(self.parts, _parts(state), strict=True):

@@ -57,15 +57,17 @@ class Expander:
 
     def valid(self, node: Node) -> np.ndarray:
         """The tokens the constraint allows after ``node`` within the length limit: at the
-        last position those that finish, at the one before those after which one can finish
-        (``Matcher.closing``, docs/design.md §2), else every allowed one."""
+        last position those that finish, before it those after which the text may still
+        be complete in the tokens left (``Matcher.within``: at the one before the last
+        ``Matcher.closing``; docs/design.md §2); lazy matchers: every allowed one before
+        the last position."""
         matcher, left = self.matcher, self.max_new_tokens - node.depth
         if left <= 0:
             return np.empty(0, dtype=np.int64)
         if self.restrict_length and left == 1:
             return matcher.finishing(node.state)
-        if self.restrict_length and left == 2 and not matcher.lazy:
-            return matcher.closing(node.state)
+        if self.restrict_length and not matcher.lazy:
+            return matcher.within(node.state, left)
         return matcher.allowed(node.state)
 
     def expansion(self, node: Node, logprobs: np.ndarray) -> Expansion:
@@ -84,9 +86,9 @@ class Expander:
         if node.pending and self.force:  # the forced token alone is valid (no top-p)
             tok = node.pending[0]
             after = matcher.advance(state, tok)
-            # Only the position before the last validates more than ``advance`` does.
-            closes = (matcher.lazy or not self.restrict_length
-                      or node.depth != self.max_new_tokens - 2 or tok in self.valid(node))
+            # Before the last position ``within`` validates more than ``advance`` does.
+            closes = (matcher.lazy or not self.restrict_length or last
+                      or tok in self.valid(node))
             ok = after is not None and (not last or matcher.is_complete(after)) and closes
             return Expansion(probs, np.asarray([tok] if ok else [], dtype=np.int64),
                              dtype=self.dtype)

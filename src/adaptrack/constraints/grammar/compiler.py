@@ -32,6 +32,7 @@ from ...cache import LRU
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
 from .bounds import regex_min_tokens
+from .jsonbound import JsonBound, bounded
 from .tokenizer import ll_vocab
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class CompiledGrammar:
         self._byte_root: LLMatcher | None = None
         self._candidates: tuple[np.ndarray | None] | None = None
         self._min_tokens: int | None = None
+        self._json: tuple[JsonBound | None] | None = None
 
     def compile(self, tokenizer: LLTokenizer | None = None) -> LLMatcher:
         """A new llguidance matcher of the grammar (over ``tokenizer``, by default the
@@ -167,6 +169,16 @@ class CompiledGrammar:
                 found = _frozen(np.packbits(member, bitorder="little") & self.ll.text_bits)
             self._candidates = (found,)
         return self._candidates[0]
+
+    def json_bound(self) -> JsonBound | None:
+        """The token bound of a JSON schema's texts (:class:`~.jsonbound.JsonBound`),
+        made at the first need; None for other grammars and for a schema whose
+        ``x-guidance`` options change more than whitespace."""
+        if self._json is None:
+            schema = self.grammar.schema
+            self._json = (JsonBound(schema, self.vocab) if schema is not None and bounded(schema)
+                          else None,)
+        return self._json[0]
 
     def min_new_tokens(self) -> int:
         """A lower bound on the tokens (EOS included) of any complete sequence: for a

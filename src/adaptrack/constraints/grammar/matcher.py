@@ -167,6 +167,33 @@ class GrammarMatcher(Matcher):
         self._closing.put(key, _frozen(found))
         return found
 
+    def within(self, state: State, tokens: int) -> np.ndarray:
+        """The contract's :meth:`~adaptrack.constraints.base.Matcher.within`: at 1 and 2
+        tokens :meth:`finishing` and :meth:`closing`; beyond, for a JSON schema, the allowed
+        tokens its token bound does not rule out (:class:`~.jsonbound.JsonBound`,
+        docs/design.md §2); for other grammars every allowed token.
+
+        >>> from adaptrack.constraints import json_schema
+        >>> from adaptrack.tokenization.vocab import Vocabulary
+        >>> v = Vocabulary([b'{"a":"', b'x', b'"', b'}', b'<e>'], eos_ids=[4])
+        >>> m = json_schema({"type": "object", "properties": {"a": {"type": "string"}},
+        ...                  "required": ["a"]}).bind(v)
+        >>> s = m.advance(m.start(), 0)
+        >>> m.within(s, 4).tolist(), m.within(s, 3).tolist()  # 'x' needs '"', '}', EOS after
+        ([1, 2, 3], [2])
+        """
+        if state is DONE or tokens <= 0:
+            return _EMPTY
+        if tokens == 1:
+            return self.finishing(state)
+        if tokens == 2:
+            return self.closing(state)
+        allowed = self.allowed(state)
+        bound = self.compiled.json_bound()
+        if bound is None or not len(allowed):
+            return allowed
+        return bound.within(state, tokens, allowed)  # type: ignore[arg-type]
+
     def advance(self, state: State, token: int) -> State | None:
         if state is DONE or not 0 <= token < self.vocab.size:
             return None

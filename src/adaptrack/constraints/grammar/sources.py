@@ -34,7 +34,7 @@ class Grammar(Constraint):
     ``lark_text`` is the Lark grammar llguidance runs."""
 
     def __init__(self, kind: str, lark_text: str, pattern: str | None = None,
-                 final_bytes: bytes | None = None) -> None:
+                 final_bytes: bytes | None = None, schema: Any = None) -> None:
         self.kind = kind
         self.lark_text = lark_text + _NO_FORCING
         #: The source of a :func:`regex` (``min_new_tokens`` reads it), else None.
@@ -43,6 +43,9 @@ class Grammar(Constraint):
         #: it aside (a JSON object: ``}``); :meth:`GrammarMatcher.closing` then tries only
         #: tokens that hold one, or are whitespace. None: not known.
         self.final_bytes = final_bytes
+        #: The schema of a :func:`json_schema` (its token bound reads it,
+        #: :mod:`.jsonbound`), else None.
+        self.schema = schema
 
     @property
     def key(self) -> tuple[str, str, str | None, bytes | None]:
@@ -161,7 +164,8 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
         if isinstance(options, dict) and options.get(
                 "whitespace_pattern", JSON_WHITESPACE) == JSON_WHITESPACE:
             final = b"}"
-    return Grammar("JSON schema", f"start: %json {json.dumps(schema)}", final_bytes=final)
+    return Grammar("JSON schema", f"start: %json {json.dumps(schema)}", final_bytes=final,
+                   schema=schema)
 
 
 def lark(grammar: str) -> Grammar:
