@@ -58,9 +58,11 @@ search by -log P over the tree (``sampling/bestfirst.py``).
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import cast
 
 import numpy as np
 
+from ..cache import LRU
 from .base import BARRIER, Method, Walk
 from .bestfirst import BestFirst
 from .draw import draw
@@ -99,6 +101,9 @@ class Exact(Method):
     #: ``useful``: a round runs ``growth`` times the last round's useful attempts, and at
     #: least ``floor`` of the slots waiting (benchmarks/rounds.py measures other values).
     growth, floor = 2.0, 0.5
+    #: ``ahead``: the attempts a walk follows at once, the one running and the next ones
+    #: whose model calls it fetches ahead (at most ``parallel``'s walks).
+    lookahead = 8
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
@@ -117,6 +122,10 @@ class Exact(Method):
         self._asking = 0  # walks of this round that will ask for attempts in the next
         self._started = 0  # attempts started so far (their order)
         self._share = 1  # attempts a slot may take in this round
+        # ``ahead``: one walk at a time (its attempts one at a time), and what one uniform
+        # becomes at the prefixes drawn from lately.
+        self.serial = self.schedule == "ahead"
+        self._draws: LRU[int, _Draws] = LRU(DRAWS_BYTES, size=lambda d: d.nbytes)
 
     def release(self) -> None:
         """The end of a round: open what its attempts saw (formula 2, §7.2.1 update), then
@@ -143,6 +152,8 @@ class Exact(Method):
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
             return (yield from self._search.walk(seen))
+        if self.serial:
+            return (yield from self._ahead(seen, rng))
         return (yield from self._sample(seen, rng))
 
     def _sample(self, seen: set[int], rng: np.random.Generator) -> Walk:
@@ -248,6 +259,108 @@ class Exact(Method):
         self._outcomes.append((order, node.complete, unopened))
         return node
 
+    def _ahead(self, seen: set[int], rng: np.random.Generator) -> Walk:
+        """The ``ahead`` schedule: this slot's attempts one at a time, each on the Q every
+        earlier one left and on its own stream, while the next ones' model calls share the
+        running attempt's passes (module docstring)."""
+        root, Q = self.tree.root, self.Q
+        if self.open_root and not Q.is_open(root):
+            yield from self.expand(root)
+            Q.open(root)
+            self._draws.pop(id(root))
+        span = max(1, min(self.lookahead, self.width))
+        window: list[_Course] = []  # the running attempt, then the next ones in order
+        # Prefixes whose step Q changed since the next attempts' courses were followed:
+        # they are followed only when the running attempt waits for the model (a search
+        # whose prefixes are all known needs none of them).
+        stale: set[int] = set()
+        while True:
+            if Q.dead(root):
+                raise self.empty_language()
+            if not window:  # streams seeded in attempt order: no cache, no span changes them
+                window.append(_Course(root, int(rng.integers(0, 2**63))))
+            attempt = window[0]
+            wait = self._follow(attempt, stale)
+            if wait is not None:  # the next attempts' calls share its pass
+                while len(window) < span:
+                    window.append(_Course(root, int(rng.integers(0, 2**63))))
+                asks = {id(wait): wait}
+                for course in window[1:]:
+                    ahead = self._follow(course, stale)
+                    if ahead is not None:
+                        asks.setdefault(id(ahead), ahead)
+                stale = set()
+                asked = tuple(asks.values())
+                yield asked[0] if len(asked) == 1 else asked
+                continue
+            path = attempt.path
+            end = path[-1]
+            steps = path[:-1] if end.complete else path  # a rejected attempt stepped at its end
+            for x in steps:
+                self.used(seen, x)
+            for x in [x for x in steps if not Q.is_open(x)]:
+                yield from self.expand(x)  # (in case the cache dropped it meanwhile)
+                self.tree.pin(x)
+            for x in steps:
+                Q.open(x)  # parents first; a no-op where open already
+            # Q moved only along this path (opened prefixes and their ancestors): the other
+            # courses need new steps there alone.
+            for x in path:
+                stale.add(id(x))
+                self._draws.pop(id(x))
+            if end.complete:
+                return end
+            self.restarts += 1
+            window.pop(0)
+
+    def _follow(self, course: _Course, changed: set[int]) -> Node | None:
+        """Bring ``course`` up to date with Q: where a prefix it stepped from is in
+        ``changed`` (ids), the step is taken again, and where it goes elsewhere the course
+        goes on from there. The unexpanded prefix it waits for; None once it ended."""
+        path, d = course.path, 0
+        # ``changed`` holds ended attempts' paths from the root (with their ancestors), so
+        # the prefixes of a course in it come first: past the first one not in it, no step
+        # moved. (A prefix in it whose step did not move is taken again to the same child.)
+        while (d < len(path) - 1 and id(path[d]) in changed
+               and self._step(path[d], course.u(d)) is path[d + 1]):
+            d += 1
+        if id(path[d]) in changed:
+            del path[d + 1:]
+            course.ended = False
+        if course.ended:
+            return None
+        while not path[-1].complete:
+            nxt = self._step(path[-1], course.u(len(path) - 1))
+            if nxt is _WAIT:
+                return path[-1]
+            if nxt is None:
+                break  # an invalid token: rejected
+            path.append(cast(Node, nxt))
+        course.ended = True
+        return None
+
+    def _step(self, node: Node, u: float) -> Node | object | None:
+        """Where an attempt at ``node`` goes with the uniform ``u`` on the current Q: the
+        child (from P_Q at an opened prefix, from P at another), None (an invalid token)
+        or ``_WAIT`` (the prefix's expansion is not known yet)."""
+        key, Q = id(node), self.Q
+        table = self._draws.get(key)
+        if Q.is_open(node):
+            if table is None or table.keep is None:
+                exp = node.expansion  # pinned once opened
+                assert exp is not None
+                table = _Draws(exp, Q.weights(node))
+                self._draws.put(key, table)
+            return self.tree.child(node, Q.token(node, table.coupled(u)))
+        exp = node.expansion
+        if exp is None:
+            return _WAIT
+        if table is None or table.exp is not exp:
+            table = _Draws(exp)
+            self._draws.put(key, table)
+        i = table.propose(u)
+        return None if i < 0 else self.tree.child(node, int(exp.ids[i]), exp)
+
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
         """u ~ P(· | x) over the whole vocabulary; -1 stands for any invalid token."""
         u = rng.random()
@@ -259,5 +372,101 @@ class Exact(Method):
 
 #: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
 #: ``open_root`` off, the rounds as they were before the schedules: the baseline of
-#: benchmarks/rounds.py); ``useful`` (the default), the module docstring's.
-SCHEDULES = ("fixed", "useful")
+#: benchmarks/rounds.py); ``useful`` (the default) and ``ahead``, the module docstring's.
+SCHEDULES = ("fixed", "useful", "ahead")
+
+#: What :meth:`Exact._step` yields for a prefix whose expansion is not known yet.
+_WAIT = object()
+#: Bytes of the tables :class:`_Draws` keeps for the prefixes drawn from lately.
+DRAWS_BYTES = 64 << 20
+
+
+class _Course:
+    """One attempt of the ``ahead`` schedule as the current Q takes it: the prefixes from
+    the root (the last where it waits, or where it ended when ``ended``) and its own
+    stream of uniforms, one per step."""
+
+    __slots__ = ("_rng", "_u", "ended", "path")
+
+    def __init__(self, root: Node, seed: int) -> None:
+        self.path, self.ended = [root], False
+        self._rng = np.random.default_rng(seed)
+        self._u: list[float] = []
+
+    def u(self, depth: int) -> float:
+        """The uniform of the step at ``depth``."""
+        while depth >= len(self._u):
+            self._u += self._rng.random(64).tolist()
+        return self._u[depth]
+
+
+class _Draws:
+    """What one uniform u becomes at one prefix, for the ``ahead`` schedule.
+
+    At a prefix not opened, :meth:`propose`: a valid token u ∼ P(· | x) by the cumulative
+    sums of P over the valid tokens, or an invalid one (-1) when u is past their mass. At an
+    opened one (``weights`` given, ∝ P_Q(· | x)), :meth:`coupled`: u ∼ P_Q(· | x) by a
+    coupling with that proposal. Token j keeps the part min(P(j|x), P_Q(j|x)) of its
+    proposal interval, so where the proposal picks j, P_Q picks j too unless Q lowered j
+    below the rest; the other u (the rest of each interval, and the invalid mass) fall in
+    order onto the tokens' excess P_Q(j|x) − min(P(j|x), P_Q(j|x)). Every token gets its
+    P_Q(j|x), so each step is a draw of formula 3; and an attempt that once went from a
+    prefix not yet opened goes the same way once it is opened, as long as Q there kept the
+    token: the next attempts' courses, followed ahead, stay the courses they will take.
+
+    >>> e = Expansion(np.array([0.3, 0.3, 0.4]), np.array([0, 1]))  # token 2 invalid
+    >>> free = _Draws(e)
+    >>> free.propose(0.1), free.propose(0.5), free.propose(0.7)
+    (0, 1, -1)
+    >>> opened = _Draws(e, np.array([0.3, 0.3 * 0.5]))  # Q below token 1 halved
+    >>> opened.coupled(0.1), opened.coupled(0.5), opened.coupled(0.7)
+    (0, 1, 0)
+    """
+
+    __slots__ = ("cdf", "exp", "extra", "keep", "lost")
+
+    def __init__(self, exp: Expansion, weights: np.ndarray | None = None) -> None:
+        self.exp = exp
+        p = exp.p.astype(np.float64)
+        self.cdf = np.cumsum(p)
+        self.keep: np.ndarray | None = None
+        if weights is not None:
+            b = weights / weights.sum(dtype=np.float64)  # P_Q(· | x)
+            keep = np.minimum(p, b)
+            self.keep, self.lost, self.extra = keep, np.cumsum(p - keep), np.cumsum(b - keep)
+
+    @property
+    def nbytes(self) -> int:
+        return self.cdf.nbytes * (1 if self.keep is None else 4)
+
+    def propose(self, u: float) -> int:
+        """The position of a valid token in the expansion, -1 for an invalid one."""
+        cdf = self.cdf
+        if len(cdf) == 0 or u >= cdf[-1]:
+            return -1
+        return min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
+
+    def coupled(self, u: float) -> int:
+        """The position of the token P_Q(· | x) gives ``u`` (class docstring)."""
+        cdf, keep = self.cdf, self.keep
+        assert keep is not None
+        n, mass = len(cdf), cdf[-1]
+        if u < mass:
+            j = min(int(np.searchsorted(cdf, u, side="right")), n - 1)
+            v = u - (cdf[j - 1] if j else 0.0)
+            if v < keep[j]:
+                return j
+            at = (self.lost[j - 1] if j else 0.0) + (v - keep[j])
+        else:
+            at = self.lost[-1] + (u - mass)
+        extra = self.extra
+        t = min(int(np.searchsorted(extra, at, side="right")), n - 1)
+        # Rounding can land on a token with no excess: the nearest one before with some,
+        # else after (the measure of such u is a few ulps).
+        while t > 0 and extra[t] <= extra[t - 1]:
+            t -= 1
+        if t == 0 and extra[0] <= 0:
+            t = int(np.searchsorted(extra, 0.0, side="right"))
+            if t == n:  # no excess anywhere: P_Q is P, and u fell past it by rounding
+                return int(np.flatnonzero(keep)[-1])
+        return t
