@@ -122,6 +122,9 @@ def measure(lm: Any, name: str, prompt: Any, constraint: Any, n: int,
     for r in range(repeat):
         for m in labels if r % 2 == 0 else labels[::-1]:
             runs[m].append(once(lm, prompt, constraint, n, options, m, r))
+            log(f"# {name}, {m}, seed {r}: " + ", ".join(
+                f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in runs[m][-1].items()))
     out: dict[str, Any] = {}
     for m in labels:
         ok = [x for x in runs[m] if "error" not in x]

@@ -51,6 +51,24 @@ rounds spent:
 Each number is a function of earlier rounds, so every schedule is exact; the chi-square
 tests run each one (tests/sampling/test_distribution.py, tests/sampling/test_engine.py).
 
+The ``ahead`` schedule has no rounds: a request runs one walk at a time (the engine's
+``serial``) and a slot's attempts run one at a time, each on the Q every earlier one left
+(the fewest rejections), each on its own random stream seeded in attempt order from the
+slot's, one uniform per step. What it batches is model calls: while the running attempt
+waits for an expansion, the next ``lookahead`` − 1 attempts (at most ``parallel``'s walks)
+are followed ahead on the current Q, read-only, each to the first prefix whose expansion
+is not known, and those prefixes share the running attempt's pass. When an attempt ends Q
+changes only along its path, so a course followed ahead is taken again only from the
+prefixes on that path, and goes on from where its step moved. Each step is an
+exponential race keyed by the step's random number (:class:`_Draws`), which keeps its
+winner when Q falls elsewhere and when a prefix not yet opened is opened: an attempt
+retraces the course whose calls were fetched for it, except where Q lowered that course's
+own token. Given Q each step is still a draw of formula 3 (or of P at a
+prefix not opened), so each attempt is an attempt of the one-at-a-time kind; what was
+fetched ahead only fills the cache, and a seed's samples are the same for every
+``lookahead``, ``parallel`` and cache bound (following ahead makes prefixes, so it can
+reach ``max_nodes`` sooner).
+
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree (``sampling/bestfirst.py``).
 """
@@ -322,7 +340,7 @@ class Exact(Method):
         # the prefixes of a course in it come first: past the first one not in it, no step
         # moved. (A prefix in it whose step did not move is taken again to the same child.)
         while (d < len(path) - 1 and id(path[d]) in changed
-               and self._step(path[d], course.u(d)) is path[d + 1]):
+               and self._step(path[d], course.key(d)) is path[d + 1]):
             d += 1
         if id(path[d]) in changed:
             del path[d + 1:]
@@ -330,7 +348,7 @@ class Exact(Method):
         if course.ended:
             return None
         while not path[-1].complete:
-            nxt = self._step(path[-1], course.u(len(path) - 1))
+            nxt = self._step(path[-1], course.key(len(path) - 1))
             if nxt is _WAIT:
                 return path[-1]
             if nxt is None:
@@ -339,26 +357,26 @@ class Exact(Method):
         course.ended = True
         return None
 
-    def _step(self, node: Node, u: float) -> Node | object | None:
-        """Where an attempt at ``node`` goes with the uniform ``u`` on the current Q: the
-        child (from P_Q at an opened prefix, from P at another), None (an invalid token)
-        or ``_WAIT`` (the prefix's expansion is not known yet)."""
-        key, Q = id(node), self.Q
-        table = self._draws.get(key)
+    def _step(self, node: Node, key: int) -> Node | object | None:
+        """Where an attempt at ``node`` goes with the step's random ``key`` on the current
+        Q: the child (from P_Q at an opened prefix, from P at another), None (an invalid
+        token) or ``_WAIT`` (the prefix's expansion is not known yet)."""
+        Q = self.Q
+        table = self._draws.get(id(node))
         if Q.is_open(node):
-            if table is None or table.keep is None:
+            if table is None or not table.opened:
                 exp = node.expansion  # pinned once opened
                 assert exp is not None
                 table = _Draws(exp, Q.weights(node))
-                self._draws.put(key, table)
-            return self.tree.child(node, Q.token(node, table.coupled(u)))
+                self._draws.put(id(node), table)
+            return self.tree.child(node, Q.token(node, table.pick(key)))
         exp = node.expansion
         if exp is None:
             return _WAIT
         if table is None or table.exp is not exp:
             table = _Draws(exp)
-            self._draws.put(key, table)
-        i = table.propose(u)
+            self._draws.put(id(node), table)
+        i = table.pick(key)
         return None if i < 0 else self.tree.child(node, int(exp.ids[i]), exp)
 
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
@@ -384,89 +402,93 @@ DRAWS_BYTES = 64 << 20
 class _Course:
     """One attempt of the ``ahead`` schedule as the current Q takes it: the prefixes from
     the root (the last where it waits, or where it ended when ``ended``) and its own
-    stream of uniforms, one per step."""
+    stream of random keys, one per step (:class:`_Draws`)."""
 
-    __slots__ = ("_rng", "_u", "ended", "path")
+    __slots__ = ("_keys", "_rng", "ended", "path")
 
     def __init__(self, root: Node, seed: int) -> None:
         self.path, self.ended = [root], False
         self._rng = np.random.default_rng(seed)
-        self._u: list[float] = []
+        self._keys: list[int] = []
 
-    def u(self, depth: int) -> float:
-        """The uniform of the step at ``depth``."""
-        while depth >= len(self._u):
-            self._u += self._rng.random(64).tolist()
-        return self._u[depth]
+    def key(self, depth: int) -> int:
+        """The random key of the step at ``depth``."""
+        while depth >= len(self._keys):
+            self._keys += self._rng.integers(0, 2**63, size=64).tolist()
+        return self._keys[depth]
 
 
 class _Draws:
-    """What one uniform u becomes at one prefix, for the ``ahead`` schedule.
+    """One step of the ``ahead`` schedule at one prefix: which token a random key picks.
 
-    At a prefix not opened, :meth:`propose`: a valid token u ∼ P(· | x) by the cumulative
-    sums of P over the valid tokens, or an invalid one (-1) when u is past their mass. At an
-    opened one (``weights`` given, ∝ P_Q(· | x)), :meth:`coupled`: u ∼ P_Q(· | x) by a
-    coupling with that proposal. Token j keeps the part min(P(j|x), P_Q(j|x)) of its
-    proposal interval, so where the proposal picks j, P_Q picks j too unless Q lowered j
-    below the rest; the other u (the rest of each interval, and the invalid mass) fall in
-    order onto the tokens' excess P_Q(j|x) − min(P(j|x), P_Q(j|x)). Every token gets its
-    P_Q(j|x), so each step is a draw of formula 3; and an attempt that once went from a
-    prefix not yet opened goes the same way once it is opened, as long as Q there kept the
-    token: the next attempts' courses, followed ahead, stay the courses they will take.
+    The pick is an exponential race: each candidate j gets E_j ~ Exp(1), a hash of the key
+    and j, and the least E_j / w_j wins, with probability w_j / Σ w. At a prefix not opened
+    the candidates are the valid tokens with w = P(· | x) and one for every invalid token
+    together, of weight 1 − Σ_valid P (the proposal: -1 when it wins); at an opened prefix
+    the valid tokens with w ∝ P_Q(· | x) (``weights``, formula 3). A race keeps its winner
+    when the other weights fall and when a candidate leaves it, and Q only falls: so an
+    attempt that went from a prefix not yet opened goes the same way once it is opened,
+    unless Q lowered that very token, and one that went from an opened prefix goes the
+    same way after Q fell below its other tokens. The courses followed ahead are the
+    courses the attempts take, but where Q moved under their own path. The race runs in
+    two rounds, between blocks of :data:`BLOCK` tokens by their summed weight, then within
+    the winning block (the same law): a step costs a few hundred hashes, not one per token
+    of the vocabulary (a fall inside the winner's block can then also move it).
 
     >>> e = Expansion(np.array([0.3, 0.3, 0.4]), np.array([0, 1]))  # token 2 invalid
-    >>> free = _Draws(e)
-    >>> free.propose(0.1), free.propose(0.5), free.propose(0.7)
-    (0, 1, -1)
-    >>> opened = _Draws(e, np.array([0.3, 0.3 * 0.5]))  # Q below token 1 halved
-    >>> opened.coupled(0.1), opened.coupled(0.5), opened.coupled(0.7)
-    (0, 1, 0)
+    >>> free, opened = _Draws(e), _Draws(e, np.array([0.3, 0.3 * 0.5]))  # Q(x·1) halved
+    >>> picks = [(free.pick(k), opened.pick(k)) for k in range(10_000)]
+    >>> [round(sum(f == j for f, _ in picks) / 1e4, 1) for j in (0, 1, -1)]  # P, invalid
+    [0.3, 0.3, 0.4]
+    >>> round(sum(o == 1 for _, o in picks) / 1e4, 1)   # P_Q(1|x) = .15 / .45
+    0.3
+    >>> all(o == 0 for f, o in picks if f == 0)  # token 0's Q kept: its proposals kept
+    True
     """
 
-    __slots__ = ("cdf", "exp", "extra", "keep", "lost")
+    __slots__ = ("blocks", "exp", "invalid", "opened", "w")
 
     def __init__(self, exp: Expansion, weights: np.ndarray | None = None) -> None:
-        self.exp = exp
-        p = exp.p.astype(np.float64)
-        self.cdf = np.cumsum(p)
-        self.keep: np.ndarray | None = None
-        if weights is not None:
-            b = weights / weights.sum(dtype=np.float64)  # P_Q(· | x)
-            keep = np.minimum(p, b)
-            self.keep, self.lost, self.extra = keep, np.cumsum(p - keep), np.cumsum(b - keep)
+        self.exp, self.opened = exp, weights is not None
+        w = exp.p.astype(np.float64) if weights is None else np.array(weights, np.float64)
+        self.invalid = 0.0 if self.opened else max(0.0, 1.0 - float(w.sum()))
+        self.w = w
+        self.blocks = (np.add.reduceat(w, np.arange(0, len(w), BLOCK)) if len(w)
+                       else np.zeros(0))
 
     @property
     def nbytes(self) -> int:
-        return self.cdf.nbytes * (1 if self.keep is None else 4)
+        return self.w.nbytes + self.blocks.nbytes
 
-    def propose(self, u: float) -> int:
-        """The position of a valid token in the expansion, -1 for an invalid one."""
-        cdf = self.cdf
-        if len(cdf) == 0 or u >= cdf[-1]:
-            return -1
-        return min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
+    def pick(self, key: int) -> int:
+        """The position of the winning token in the expansion; -1 for an invalid one."""
+        blocks = self.blocks
+        n = len(blocks)
+        e = _exponentials(key, np.arange(n + 1, dtype=np.uint64))  # the last: invalid
+        with np.errstate(divide="ignore"):  # a dead block or token never wins
+            race = e[:n] / blocks
+            b = int(np.argmin(race)) if n else -1
+            if self.invalid > 0 and (b < 0 or e[n] / self.invalid < race[b]):
+                return -1
+            lo = b * BLOCK
+            w = self.w[lo:lo + BLOCK]
+            e = _exponentials(key ^ _TOKENS, np.arange(lo, lo + len(w), dtype=np.uint64))
+            return lo + int(np.argmin(e / w))
 
-    def coupled(self, u: float) -> int:
-        """The position of the token P_Q(· | x) gives ``u`` (class docstring)."""
-        cdf, keep = self.cdf, self.keep
-        assert keep is not None
-        n, mass = len(cdf), cdf[-1]
-        if u < mass:
-            j = min(int(np.searchsorted(cdf, u, side="right")), n - 1)
-            v = u - (cdf[j - 1] if j else 0.0)
-            if v < keep[j]:
-                return j
-            at = (self.lost[j - 1] if j else 0.0) + (v - keep[j])
-        else:
-            at = self.lost[-1] + (u - mass)
-        extra = self.extra
-        t = min(int(np.searchsorted(extra, at, side="right")), n - 1)
-        # Rounding can land on a token with no excess: the nearest one before with some,
-        # else after (the measure of such u is a few ulps).
-        while t > 0 and extra[t] <= extra[t - 1]:
-            t -= 1
-        if t == 0 and extra[0] <= 0:
-            t = int(np.searchsorted(extra, 0.0, side="right"))
-            if t == n:  # no excess anywhere: P_Q is P, and u fell past it by rounding
-                return int(np.flatnonzero(keep)[-1])
-        return t
+
+#: Tokens per block of :class:`_Draws`' first round.
+BLOCK = 256
+_TOKENS = 0x5851F42D4C957F2D  # keys a step's second round apart from its first
+
+
+def _exponentials(key: int, index: np.ndarray) -> np.ndarray:
+    """Exp(1) variates, one per ``index``, a fixed function of ``key`` (the splitmix64
+    finalizer of key and index: independent for a random key)."""
+    x = index * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(key)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    u = ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    return -np.log(u)
