@@ -75,6 +75,7 @@ search by -log P over the tree (``sampling/bestfirst.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from typing import cast
 
@@ -319,11 +320,14 @@ class Exact(Method):
             for x in [x for x in steps if not Q.is_open(x)]:
                 yield from self.expand(x)  # (in case the cache dropped it meanwhile)
                 self.tree.pin(x)
-            for x in steps:
-                Q.open(x)  # parents first; a no-op where open already
-            # Q moved only along this path (opened prefixes and their ancestors): the other
-            # courses need new steps there alone.
-            for x in path:
+            opened = -1
+            for d, x in enumerate(steps):
+                if not Q.is_open(x):
+                    Q.open(x)  # parents first
+                    opened = d
+            # Q moved only along this path, at the prefixes opened and their ancestors: the
+            # other courses need new steps there alone.
+            for x in path[:opened + 1]:
                 stale.add(id(x))
                 self._draws.pop(id(x))
             if end.complete:
@@ -446,49 +450,73 @@ class _Draws:
     True
     """
 
-    __slots__ = ("blocks", "exp", "invalid", "opened", "w")
+    __slots__ = ("exp", "invalid", "opened", "over", "over_blocks")
 
     def __init__(self, exp: Expansion, weights: np.ndarray | None = None) -> None:
         self.exp, self.opened = exp, weights is not None
         w = exp.p.astype(np.float64) if weights is None else np.array(weights, np.float64)
         self.invalid = 0.0 if self.opened else max(0.0, 1.0 - float(w.sum()))
-        self.w = w
-        self.blocks = (np.add.reduceat(w, np.arange(0, len(w), BLOCK)) if len(w)
-                       else np.zeros(0))
+        blocks = np.add.reduceat(w, np.arange(0, len(w), BLOCK)) if len(w) else np.zeros(0)
+        with np.errstate(divide="ignore"):  # a dead token or block: 1/0 = inf never wins
+            self.over, self.over_blocks = 1.0 / w, 1.0 / blocks
+        if len(w) <= SMALL:  # raced in Python: lists are faster than arrays this short
+            self.over = self.over.tolist()
 
     @property
     def nbytes(self) -> int:
-        return self.w.nbytes + self.blocks.nbytes
+        over = self.over
+        return (over.nbytes if isinstance(over, np.ndarray) else 8 * len(over)) \
+            + self.over_blocks.nbytes
 
     def pick(self, key: int) -> int:
         """The position of the winning token in the expansion; -1 for an invalid one."""
-        blocks = self.blocks
-        n = len(blocks)
-        e = _exponentials(key, np.arange(n + 1, dtype=np.uint64))  # the last: invalid
-        with np.errstate(divide="ignore"):  # a dead block or token never wins
-            race = e[:n] / blocks
+        over, n = self.over, len(self.over_blocks)
+        b = 0
+        if n > 1 or self.invalid > 0:
+            e = np.asarray(_exponentials(key, 0, n + 1))  # the last: every invalid token
+            race = e[:n] * self.over_blocks
             b = int(np.argmin(race)) if n else -1
             if self.invalid > 0 and (b < 0 or e[n] / self.invalid < race[b]):
                 return -1
-            lo = b * BLOCK
-            w = self.w[lo:lo + BLOCK]
-            e = _exponentials(key ^ _TOKENS, np.arange(lo, lo + len(w), dtype=np.uint64))
-            return lo + int(np.argmin(e / w))
+        key ^= _TOKENS
+        if isinstance(over, list):
+            short = _exponentials(key, 0, len(over))
+            return min(range(len(over)), key=lambda j: short[j] * over[j])
+        lo = b * BLOCK
+        tail = over[lo:lo + BLOCK]
+        return lo + int(np.argmin(np.asarray(_exponentials(key, lo, len(tail))) * tail))
 
 
 #: Tokens per block of :class:`_Draws`' first round.
 BLOCK = 256
+#: Expansions of at most this many tokens race in Python.
+SMALL = 24
 _TOKENS = 0x5851F42D4C957F2D  # keys a step's second round apart from its first
+_GOLDEN, _MIX1, _MIX2, _MASK = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
+                                (1 << 64) - 1)
 
 
-def _exponentials(key: int, index: np.ndarray) -> np.ndarray:
-    """Exp(1) variates, one per ``index``, a fixed function of ``key`` (the splitmix64
-    finalizer of key and index: independent for a random key)."""
-    x = index * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(key)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    u = ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
-    return -np.log(u)
+def _exponentials(key: int, start: int, count: int) -> np.ndarray | list[float]:
+    """Exp(1) variates for the indices ``start`` .. ``start + count - 1``, a fixed function
+    of ``key`` (the splitmix64 finalizer of key and index: independent for a random key);
+    a list when short (a Python loop beats arrays there)."""
+    if count <= SMALL:
+        out = []
+        for i in range(start, start + count):
+            x = ((i * _GOLDEN) & _MASK) ^ key
+            x ^= x >> 30
+            x = (x * _MIX1) & _MASK
+            x ^= x >> 27
+            x = (x * _MIX2) & _MASK
+            x ^= x >> 31
+            out.append(-math.log(((x >> 11) + 0.5) * 2.0**-53))
+        return out
+    h: np.ndarray = (np.arange(start, start + count, dtype=np.uint64) * np.uint64(_GOLDEN)
+                     ^ np.uint64(key))
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(_MIX1)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(_MIX2)
+    h ^= h >> np.uint64(31)
+    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    return np.negative(np.log(u))
