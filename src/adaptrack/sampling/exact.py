@@ -144,6 +144,12 @@ class Exact(Method):
         # ``ahead``: one walk at a time (its attempts one at a time), and what one uniform
         # becomes at the prefixes drawn from lately.
         self.serial = self.schedule == "ahead"
+        self._seeds: np.random.Generator | None = None  # the attempts' seeds, in order
+        self._window: list[_Course] = []  # the running attempt, then the next ones in order
+        # Prefixes whose step Q changed since the next attempts' courses were followed:
+        # they are followed only when the running attempt waits for the model (a search
+        # whose prefixes are all known needs none of them).
+        self._stale: set[int] = set()
         self._draws: LRU[int, _Draws] = LRU(DRAWS_BYTES, size=lambda d: d.nbytes)
 
     def release(self) -> None:
@@ -279,36 +285,34 @@ class Exact(Method):
         return node
 
     def _ahead(self, seen: set[int], rng: np.random.Generator) -> Walk:
-        """The ``ahead`` schedule: this slot's attempts one at a time, each on the Q every
+        """The ``ahead`` schedule: the request's attempts one at a time, each on the Q every
         earlier one left and on its own stream, while the next ones' model calls share the
-        running attempt's passes (module docstring)."""
+        running attempt's passes; this sample is the first accepted (module docstring)."""
         root, Q = self.tree.root, self.Q
         if self.open_root and not Q.is_open(root):
             yield from self.expand(root)
             Q.open(root)
             self._draws.pop(id(root))
         span = max(1, min(self.lookahead, self.width))
-        window: list[_Course] = []  # the running attempt, then the next ones in order
-        # Prefixes whose step Q changed since the next attempts' courses were followed:
-        # they are followed only when the running attempt waits for the model (a search
-        # whose prefixes are all known needs none of them).
-        stale: set[int] = set()
+        if self._seeds is None:  # the first sample's stream seeds every attempt's, in order:
+            self._seeds = rng  # no span, cache or sample boundary changes them
+        seeds, window = self._seeds, self._window
         while True:
             if Q.dead(root):
                 raise self.empty_language()
-            if not window:  # streams seeded in attempt order: no cache, no span changes them
-                window.append(_Course(root, int(rng.integers(0, 2**63))))
-            attempt = window[0]
+            if not window:
+                window.append(_Course(root, int(seeds.integers(0, 2**63))))
+            attempt, stale = window[0], self._stale
             wait = self._follow(attempt, stale)
             if wait is not None:  # the next attempts' calls share its pass
                 while len(window) < span:
-                    window.append(_Course(root, int(rng.integers(0, 2**63))))
+                    window.append(_Course(root, int(seeds.integers(0, 2**63))))
                 asks = {id(wait): wait}
                 for course in window[1:]:
                     ahead = self._follow(course, stale)
                     if ahead is not None:
                         asks.setdefault(id(ahead), ahead)
-                stale = set()
+                stale.clear()
                 asked = tuple(asks.values())
                 yield asked[0] if len(asked) == 1 else asked
                 continue
@@ -330,10 +334,10 @@ class Exact(Method):
             for x in path[:opened + 1]:
                 stale.add(id(x))
                 self._draws.pop(id(x))
-            if end.complete:
+            window.pop(0)  # the next attempt, already followed ahead, is the next sample's
+            if end.complete:  # when this one is accepted
                 return end
             self.restarts += 1
-            window.pop(0)
 
     def _follow(self, course: _Course, changed: set[int]) -> Node | None:
         """Bring ``course`` up to date with Q: where a prefix it stepped from is in
