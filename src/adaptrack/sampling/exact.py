@@ -120,8 +120,9 @@ class Exact(Method):
     #: ``useful``: a round runs ``growth`` times the last round's useful attempts, and at
     #: least ``floor`` of the slots waiting (benchmarks/rounds.py measures other values).
     growth, floor = 2.0, 0.5
-    #: ``ahead``: the attempts a walk follows at once, the one running and the next ones
-    #: whose model calls it fetches ahead (at most ``parallel``'s walks).
+    #: ``ahead``: the attempts a walk follows at most at once, the one running and the next
+    #: ones whose model calls it fetches ahead (at most ``parallel``'s walks; 2^k after k
+    #: rejections).
     lookahead = 8
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
@@ -293,7 +294,6 @@ class Exact(Method):
             yield from self.expand(root)
             Q.open(root)
             self._draws.pop(id(root))
-        span = max(1, min(self.lookahead, self.width))
         if self._seeds is None:  # the first sample's stream seeds every attempt's, in order:
             self._seeds = rng  # no span, cache or sample boundary changes them
         seeds, window = self._seeds, self._window
@@ -305,10 +305,13 @@ class Exact(Method):
             attempt, stale = window[0], self._stale
             wait = self._follow(attempt, stale)
             if wait is not None:  # the next attempts' calls share its pass
+                # Twice as many attempts followed as the rejections so far: a request
+                # whose first attempts are accepted fetches nothing it does not use.
+                span = min(self.lookahead, self.width, 1 << min(self.restarts, 30))
                 while len(window) < span:
                     window.append(_Course(root, int(seeds.integers(0, 2**63))))
                 asks = {id(wait): wait}
-                for course in window[1:]:
+                for course in window[1:span]:
                     ahead = self._follow(course, stale)
                     if ahead is not None:
                         asks.setdefault(id(ahead), ahead)
