@@ -52,22 +52,24 @@ Each number is a function of earlier rounds, so every schedule is exact; the chi
 tests run each one (tests/sampling/test_distribution.py, tests/sampling/test_engine.py).
 
 The ``ahead`` schedule has no rounds: a request runs one walk at a time (the engine's
-``serial``) and a slot's attempts run one at a time, each on the Q every earlier one left
-(the fewest rejections), each on its own random stream seeded in attempt order from the
-slot's, one uniform per step. What it batches is model calls: while the running attempt
-waits for an expansion, the next ``lookahead`` − 1 attempts (at most ``parallel``'s walks)
-are followed ahead on the current Q, read-only, each to the first prefix whose expansion
-is not known, and those prefixes share the running attempt's pass. When an attempt ends Q
-changes only along its path, so a course followed ahead is taken again only from the
-prefixes on that path, and goes on from where its step moved. Each step is an
-exponential race keyed by the step's random number (:class:`_Draws`), which keeps its
-winner when Q falls elsewhere and when a prefix not yet opened is opened: an attempt
-retraces the course whose calls were fetched for it, except where Q lowered that course's
-own token. Given Q each step is still a draw of formula 3 (or of P at a
-prefix not opened), so each attempt is an attempt of the one-at-a-time kind; what was
-fetched ahead only fills the cache, and a seed's samples are the same for every
-``lookahead``, ``parallel`` and cache bound (following ahead makes prefixes, so it can
-reach ``max_nodes`` sooner).
+``serial``), and its attempts run one at a time, each on the Q every earlier one left (the
+fewest rejections), each on its own random stream (seeded in attempt order from the first
+sample's stream), one random key per step; a sample is the first attempt accepted after
+the previous sample's. What it batches is model calls: while the running attempt waits for
+an expansion, the next attempts (``lookahead`` in all at most, and at most ``parallel``'s
+walks; 2^k after k rejections, so that a request whose first attempts are accepted fetches
+nothing it does not use) are followed ahead on the current Q, read-only, each to the first
+prefix whose expansion is not known, and those prefixes share the running attempt's pass.
+When an attempt ends Q changes only along its path, so a course followed ahead is taken
+again only from the prefixes on that path, and goes on from where its step moved. Each
+step is an exponential race keyed by the step's random number (:class:`_Draws`), which
+keeps its winner when Q falls elsewhere and when a prefix not yet opened is opened: an
+attempt retraces the course whose calls were fetched for it, except where Q lowered that
+course's own token. Given Q each step is a draw of formula 3 (or of P at a prefix not
+opened), so each attempt is an attempt of the one-at-a-time kind; what was fetched ahead
+only fills the cache, and a seed's samples are the same for every ``lookahead``,
+``parallel`` and cache bound (following ahead makes prefixes, so it can reach
+``max_nodes`` sooner).
 
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree (``sampling/bestfirst.py``).
