@@ -307,8 +307,8 @@ class Exact(Method):
             attempt, stale = window[0], self._stale
             wait = self._follow(attempt, stale)
             if wait is not None:  # the next attempts' calls share its pass
-                # Twice as many attempts followed as the rejections so far: a request
-                # whose first attempts are accepted fetches nothing it does not use.
+                # 2^k attempts followed after k rejections: a request whose first attempts
+                # are accepted fetches nothing it does not use.
                 span = min(self.lookahead, self.width, 1 << min(self.restarts, 30))
                 while len(window) < span:
                     window.append(_Course(root, int(seeds.integers(0, 2**63))))
@@ -442,8 +442,8 @@ class _Draws:
     when the other weights fall and when a candidate leaves it, and Q only falls: so an
     attempt that went from a prefix not yet opened goes the same way once it is opened,
     unless Q lowered that very token, and one that went from an opened prefix goes the
-    same way after Q fell below its other tokens. The courses followed ahead are the
-    courses the attempts take, but where Q moved under their own path. The race runs in
+    same way after Q fell below its other tokens: a course followed ahead is the course
+    its attempt takes, except where Q fell on that course's own tokens. The race runs in
     two rounds, between blocks of :data:`BLOCK` tokens by their summed weight, then within
     the winning block (the same law): a step costs a few hundred hashes, not one per token
     of the vocabulary (a fall inside the winner's block can then also move it).
