@@ -45,6 +45,8 @@ class Method:
     #: Whether the engine runs its walks one at a time whatever ``width`` says (which
     #: then bounds what one walk does at once: ``exact``'s ``ahead`` schedule).
     serial = False
+    #: How many samples its request asks for (set by ``Engine.submit``).
+    samples = 1
     #: Walks from the root one sample may take (CD as a fallback tries past dead ends).
     tries = 1
     eager_chains = True

@@ -57,9 +57,10 @@ fewest rejections), each on its own random stream (seeded in attempt order from 
 sample's stream), one random key per step; a sample is the first attempt accepted after
 the previous sample's. What it batches is model calls: while the running attempt waits for
 an expansion, the next attempts (``lookahead`` in all at most, and at most ``parallel``'s
-walks; 2^k after k rejections, so that a request whose first attempts are accepted fetches
-nothing it does not use) are followed ahead on the current Q, read-only, each to the first
-prefix whose expansion is not known, and those prefixes share the running attempt's pass.
+walks; as many as samples are missing, or 2^k after k rejections if more, so that a
+request whose first attempts are accepted fetches nothing it does not use) are followed
+ahead on the current Q, read-only, each to the first prefix whose expansion is not known,
+and those prefixes share the running attempt's pass.
 When an attempt ends Q changes only along its path, so a course followed ahead is taken
 again only from the prefixes on that path, and goes on from where its step moved. Each
 step is an exponential race keyed by the step's random number (:class:`_Draws`), which
@@ -153,6 +154,7 @@ class Exact(Method):
         # they are followed only when the running attempt waits for the model (a search
         # whose prefixes are all known needs none of them).
         self._stale: set[int] = set()
+        self._returned = 0  # samples accepted
         self._draws: LRU[int, _Draws] = LRU(DRAWS_BYTES, size=lambda d: d.nbytes)
 
     def release(self) -> None:
@@ -307,9 +309,12 @@ class Exact(Method):
             attempt, stale = window[0], self._stale
             wait = self._follow(attempt, stale)
             if wait is not None:  # the next attempts' calls share its pass
-                # 2^k attempts followed after k rejections: a request whose first attempts
-                # are accepted fetches nothing it does not use.
-                span = min(self.lookahead, self.width, 1 << min(self.restarts, 30))
+                # As many attempts followed as samples are missing (each needs one at
+                # least), and 2^k after k rejections: a request whose first attempts are
+                # accepted fetches nothing it does not use.
+                missing = self.samples - self._returned
+                span = min(self.lookahead, self.width,
+                           max(missing, 1 << min(self.restarts, 30)))
                 while len(window) < span:
                     window.append(_Course(root, int(seeds.integers(0, 2**63))))
                 asks = {id(wait): wait}
@@ -341,6 +346,7 @@ class Exact(Method):
                 self._draws.pop(id(x))
             window.pop(0)  # the next attempt, already followed ahead, is the next sample's
             if end.complete:  # when this one is accepted
+                self._returned += 1
                 return end
             self.restarts += 1
 
