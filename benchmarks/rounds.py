@@ -16,6 +16,9 @@ for the run):
   at least a quarter (not half) of the slots waiting;
 - ``one``: one attempt at a time (``parallel=False``), each on the Q every earlier attempt
   left: the fewest rejections a schedule can reach, in as many passes as model calls.
+- ``aheadW`` (W = 1, 2, 4, 8, 16, 32): the ``ahead`` schedule, one attempt at a time like
+  ``one`` (each on its own stream), the model calls of the next W - 1 attempts fetched in
+  the same passes (``Exact.lookahead``; ``ahead1`` is ``one`` on per-attempt streams).
 
 Workloads: the binary DSL problem (``binary.jsonl``'s first, the paper's binary study),
 one or more SLIA problems (``--slia``, short prompts first), both as the DSL study runs them
@@ -33,7 +36,7 @@ table ends with ``cd``'s CPU time on the same seeds. CPU time is the process's (
 Run:  OMP_NUM_THREADS=1 python benchmarks/rounds.py [--quick] [--repeat 2]
       [--workloads binary,slia,everyday] [--binary-n 500] [--slia-n 10] [--slia 1]
       [--everyday-n 1,5] [--everyday-repeat R]
-      [--variants fixed,fixed+open,useful-1,useful,lean,one]
+      [--variants fixed,fixed+open,useful-1,useful,lean,one,ahead8]
 """
 
 from __future__ import annotations
@@ -56,15 +59,16 @@ from adaptrack.eval.dsl import PAPER_OPTIONS, problems, prompt_ids
 from adaptrack.sampling.exact import Exact
 
 DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
-VARIANTS = {  # label: (schedule, open_root, several, (growth, floor), parallel)
-    "fixed": ("fixed", False, False, (2.0, 0.5), None),
-    "fixed+open": ("fixed", True, False, (2.0, 0.5), None),
-    "useful-1": ("useful", True, False, (2.0, 0.5), None),
-    "useful": ("useful", True, True, (2.0, 0.5), None),
-    "lean": ("useful", True, True, (1.0, 0.25), None),
-    "useful-g1": ("useful", True, True, (1.0, 0.5), None),
-    "useful-f4": ("useful", True, True, (2.0, 0.25), None),
-    "one": ("useful", True, True, (2.0, 0.5), False),
+VARIANTS = {  # label: (schedule, open_root, several, (growth, floor), parallel, lookahead)
+    "fixed": ("fixed", False, False, (2.0, 0.5), None, 8),
+    "fixed+open": ("fixed", True, False, (2.0, 0.5), None, 8),
+    "useful-1": ("useful", True, False, (2.0, 0.5), None, 8),
+    "useful": ("useful", True, True, (2.0, 0.5), None, 8),
+    "lean": ("useful", True, True, (1.0, 0.25), None, 8),
+    "useful-g1": ("useful", True, True, (1.0, 0.5), None, 8),
+    "useful-f4": ("useful", True, True, (2.0, 0.25), None, 8),
+    "one": ("useful", True, True, (2.0, 0.5), False, 8),
+    **{f"ahead{w}": ("ahead", True, True, (2.0, 0.5), None, w) for w in (1, 2, 4, 8, 16, 32)},
 }
 
 
@@ -75,13 +79,16 @@ def log(msg: str) -> None:
 @contextlib.contextmanager
 def variant(label: str) -> Iterator[None]:
     """``Exact`` runs the ``label`` variant inside the block."""
-    saved = Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor)
-    (Exact.schedule, Exact.open_root, Exact.several,
-     (Exact.growth, Exact.floor)) = VARIANTS[label][:4]
+    saved = (Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor),
+             Exact.lookahead)
+    schedule, open_root, several, knobs, _, lookahead = VARIANTS[label]
+    (Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor),
+     Exact.lookahead) = schedule, open_root, several, knobs, lookahead
     try:
         yield
     finally:
-        Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor) = saved
+        (Exact.schedule, Exact.open_root, Exact.several, (Exact.growth, Exact.floor),
+         Exact.lookahead) = saved
 
 
 def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
@@ -115,6 +122,9 @@ def measure(lm: Any, name: str, prompt: Any, constraint: Any, n: int,
     for r in range(repeat):
         for m in labels if r % 2 == 0 else labels[::-1]:
             runs[m].append(once(lm, prompt, constraint, n, options, m, r))
+            log(f"# {name}, {m}, seed {r}: " + ", ".join(
+                f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in runs[m][-1].items()))
     out: dict[str, Any] = {}
     for m in labels:
         ok = [x for x in runs[m] if "error" not in x]
@@ -166,8 +176,10 @@ def main() -> None:
                         help="binary at n = 100, one SLIA problem at n = 4, two everyday "
                              "requests at n = 5, one run each")
     parser.add_argument("--workloads", default="binary,slia,everyday")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="labels of VARIANTS; the first is the base of the ratios")
+    parser.add_argument("--variants", default=",".join(
+                            m for m in VARIANTS if not m.startswith("ahead") or m == "ahead32"),
+                        help="labels of VARIANTS; the first is the base of the ratios "
+                             "(default: all but the ahead variants other than ahead32)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--binary-n", type=int, default=500)
     parser.add_argument("--slia-n", type=int, default=10)

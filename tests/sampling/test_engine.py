@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from stats import chi_square_p, counts
 
@@ -276,7 +277,7 @@ def test_shared_q_methods_in_parallel_stay_closer_than_cd(problem: str) -> None:
         assert at.metrics.kl_divergence(counts(res), target) < cd, (method, problem)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "ahead"])  # in rounds
 def test_exact_rounds_follow_their_schedule(schedule: str) -> None:
     """A round runs at most the attempts its schedule allows, computed from earlier rounds
     only; the root is open before any attempt unless ``fixed`` (the rounds before)."""
@@ -336,6 +337,86 @@ def test_exact_schedule_wastes_fewer_attempts_than_fixed_rounds() -> None:
             total += method.restarts
         rejected[schedule] = total
     assert rejected[Exact.schedule] * 1.3 < rejected["fixed"], rejected
+
+
+def _ahead_run(problem: str, lookahead: int, cache: int, n: int = 40
+               ) -> tuple[dict[int, tuple[int, ...]], int, int, int]:
+    """``exact`` under the ``ahead`` schedule: the samples, rejections, forward passes and
+    evictions of one seeded run with ``lookahead`` attempts followed at once."""
+    lm, constraint, max_new = PROBLEMS[problem]()
+
+    class Ahead(Exact):
+        schedule = "ahead"
+
+    Ahead.lookahead = lookahead
+    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new,
+                      end="eos", max_cache_bytes=cache)
+    method = Ahead(tree, greedy=False)
+    passes = 0
+    call = lm.next_logprobs
+
+    def counted(prefixes):  # type: ignore[no-untyped-def]
+        nonlocal passes
+        passes += 1
+        return call(prefixes)
+
+    lm.next_logprobs = counted  # type: ignore[method-assign]
+    engine, out = Engine(lm), {}
+    req = engine.submit(method, n, 3, lambda i, node, k: out.__setitem__(i, node.tokens),
+                        width=32)
+    assert (req.width, method.width) == (1, 32)  # one walk at a time; 32 bounds its lookahead
+    engine.run()
+    assert req.error is None and len(out) == n
+    return out, method.restarts, passes, tree.evictions
+
+
+@pytest.mark.parametrize("problem", ["no_ab", "api_names"])
+def test_exact_ahead_samples_depend_on_neither_lookahead_nor_cache(problem: str) -> None:
+    """Under ``ahead`` a slot's attempts run one at a time, each on its own stream and on the
+    Q every earlier one left: how many attempts it follows ahead and which expansions the
+    cache keeps change the model's passes, never a sample or a rejection (exact model);
+    following ahead takes fewer passes."""
+    one, rejected, passes, _ = _ahead_run(problem, 1, 1 << 30)
+    assert rejected > 0  # the problem makes attempts fail: there is something to follow
+    for lookahead, cache in [(4, 1 << 30), (8, 1 << 30), (32, 1 << 30), (8, 0)]:
+        out, r, p, evicted = _ahead_run(problem, lookahead, cache)
+        assert (out, r) == (one, rejected), (lookahead, cache)
+        assert p < passes or cache == 0, (lookahead, p, passes)
+        assert evicted > 0 or cache > 0
+
+
+def test_exact_ahead_draws_are_formula_3_and_keep_their_token() -> None:
+    """A step of the ``ahead`` schedule picks each token with P_Q(u|x) at an opened prefix
+    and with P(u|x) at another (an invalid one as a whole: -1); where Q kept the proposal's
+    token, the opened prefix picks it again with the same key (chi-square over 20 000
+    random keys; the keeping is exact, per key)."""
+    from adaptrack.sampling.exact import BLOCK, _Draws
+    from adaptrack.sampling.expansion import Expansion
+
+    rng = np.random.default_rng(0)
+    for size in (12, 3 * BLOCK + 5):  # one block; several
+        probs = rng.dirichlet(np.ones(size))
+        ids = np.sort(rng.choice(size, size * 2 // 3, replace=False))  # the others invalid
+        exp = Expansion(probs, ids)
+        q = np.ones(len(ids))
+        q[[1, 4]] = [0.05, 0.0]  # one child nearly dead, one dead
+        w = exp.p * q
+        opened, proposal = _Draws(exp, w), _Draws(exp)
+        keys = rng.integers(0, 2**63, size=20_000)
+        got = np.array([opened.pick(int(k)) for k in keys])
+        proposed = np.array([proposal.pick(int(k)) for k in keys])
+        target = w / w.sum()
+        assert (target[got] > 0).all()  # never a dead child
+        p_q = {j: float(t) for j, t in enumerate(target) if t > 0}
+        p = {j: float(t) for j, t in enumerate(exp.p)} | {-1: 1 - float(exp.p.sum())}
+        for picks, law in ((got, p_q), (proposed, p)):
+            found = dict(zip(*np.unique(picks, return_counts=True), strict=True))
+            assert chi_square_p(found, law) > 1e-3
+        kept = (proposed >= 0) & ~np.isin(proposed, [1, 4])
+        if size <= BLOCK:
+            assert (got[kept] == proposed[kept]).all()
+        else:  # a fall inside the winner's block may move the block's race
+            assert (got[kept] == proposed[kept]).mean() > 0.99
 
 
 def test_exact_unknown_schedule_is_an_error() -> None:

@@ -42,6 +42,11 @@ class Method:
     parallel = False
     #: How many of its walks the engine runs at once (set by ``Engine.submit``).
     width = 1
+    #: Whether the engine runs its walks one at a time whatever ``width`` says (which
+    #: then bounds what one walk does at once: ``exact``'s ``ahead`` schedule).
+    serial = False
+    #: How many samples its request asks for (set by ``Engine.submit``).
+    samples = 1
     #: Walks from the root one sample may take (CD as a fallback tries past dead ends).
     tries = 1
     eager_chains = True

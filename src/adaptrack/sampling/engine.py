@@ -110,10 +110,10 @@ class Engine:
                fallback_width: int = 1) -> Request:
         """Queue ``n`` samples of ``method``; ``width`` of its walks run at once; a
         ``fallback`` method finishes them if the search runs out of budget (:class:`Request`)."""
-        req = Request(method.tree, method, n, seed, on_done, max(1, width), fallback=fallback,
-                      fallback_width=max(1, fallback_width))
+        method.width, method.samples = max(1, width), n
+        req = Request(method.tree, method, n, seed, on_done, 1 if method.serial else method.width,
+                      fallback=fallback, fallback_width=max(1, fallback_width))
         req._streams = np.random.SeedSequence(seed).spawn(n)
-        method.width = req.width
         self.requests.append(req)
         return req
 

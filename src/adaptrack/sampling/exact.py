@@ -51,16 +51,40 @@ rounds spent:
 Each number is a function of earlier rounds, so every schedule is exact; the chi-square
 tests run each one (tests/sampling/test_distribution.py, tests/sampling/test_engine.py).
 
+The ``ahead`` schedule has no rounds: a request runs one walk at a time (the engine's
+``serial``), and its attempts run one at a time, each on the Q every earlier one left (the
+fewest rejections), each on its own random stream (seeded in attempt order from the first
+sample's stream), one random key per step; a sample is the first attempt accepted after
+the previous sample's. What it batches is model calls: while the running attempt waits for
+an expansion, the next attempts (``lookahead`` in all at most, and at most ``parallel``'s
+walks; as many as samples are missing, or 2^k after k rejections if more, so that a
+request whose first attempts are accepted fetches nothing it does not use) are followed
+ahead on the current Q, read-only, each to the first prefix whose expansion is not known,
+and those prefixes share the running attempt's pass.
+When an attempt ends Q changes only along its path, so a course followed ahead is taken
+again only from the prefixes on that path, and goes on from where its step moved. Each
+step is an exponential race keyed by the step's random number (:class:`_Draws`), which
+keeps its winner when Q falls elsewhere and when a prefix not yet opened is opened: an
+attempt retraces the course whose calls were fetched for it, except where Q lowered that
+course's own token. Given Q each step is a draw of formula 3 (or of P at a prefix not
+opened), so each attempt is an attempt of the one-at-a-time kind; what was fetched ahead
+only fills the cache, and a seed's samples are the same for every ``lookahead``,
+``parallel`` and cache bound (following ahead makes prefixes, so it can reach
+``max_nodes`` sooner).
+
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree (``sampling/bestfirst.py``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
+from typing import cast
 
 import numpy as np
 
+from ..cache import LRU
 from .base import BARRIER, Method, Walk
 from .bestfirst import BestFirst
 from .draw import draw
@@ -99,6 +123,10 @@ class Exact(Method):
     #: ``useful``: a round runs ``growth`` times the last round's useful attempts, and at
     #: least ``floor`` of the slots waiting (benchmarks/rounds.py measures other values).
     growth, floor = 2.0, 0.5
+    #: ``ahead``: the attempts a walk follows at most at once, the one running and the next
+    #: ones whose model calls it fetches ahead (at most ``parallel``'s walks; 2^k after k
+    #: rejections).
+    lookahead = 8
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
@@ -117,6 +145,17 @@ class Exact(Method):
         self._asking = 0  # walks of this round that will ask for attempts in the next
         self._started = 0  # attempts started so far (their order)
         self._share = 1  # attempts a slot may take in this round
+        # ``ahead``: one walk at a time (its attempts one at a time), and what one uniform
+        # becomes at the prefixes drawn from lately.
+        self.serial = self.schedule == "ahead"
+        self._seeds: np.random.Generator | None = None  # the attempts' seeds, in order
+        self._window: list[_Course] = []  # the running attempt, then the next ones in order
+        # Prefixes whose step Q changed since the next attempts' courses were followed:
+        # they are followed only when the running attempt waits for the model (a search
+        # whose prefixes are all known needs none of them).
+        self._stale: set[int] = set()
+        self._returned = 0  # samples accepted
+        self._draws: LRU[int, _Draws] = LRU(DRAWS_BYTES, size=lambda d: d.nbytes)
 
     def release(self) -> None:
         """The end of a round: open what its attempts saw (formula 2, §7.2.1 update), then
@@ -143,6 +182,8 @@ class Exact(Method):
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         if self.greedy:
             return (yield from self._search.walk(seen))
+        if self.serial:
+            return (yield from self._ahead(seen, rng))
         return (yield from self._sample(seen, rng))
 
     def _sample(self, seen: set[int], rng: np.random.Generator) -> Walk:
@@ -248,6 +289,115 @@ class Exact(Method):
         self._outcomes.append((order, node.complete, unopened))
         return node
 
+    def _ahead(self, seen: set[int], rng: np.random.Generator) -> Walk:
+        """The ``ahead`` schedule: the request's attempts one at a time, each on the Q every
+        earlier one left and on its own stream, while the next ones' model calls share the
+        running attempt's passes; this sample is the first accepted (module docstring)."""
+        root, Q = self.tree.root, self.Q
+        if self.open_root and not Q.is_open(root):
+            yield from self.expand(root)
+            Q.open(root)
+            self._draws.pop(id(root))
+        if self._seeds is None:  # the first sample's stream seeds every attempt's, in order:
+            self._seeds = rng  # no span, cache or sample boundary changes them
+        seeds, window = self._seeds, self._window
+        while True:
+            if Q.dead(root):
+                raise self.empty_language()
+            if not window:
+                window.append(_Course(root, int(seeds.integers(0, 2**63))))
+            attempt, stale = window[0], self._stale
+            wait = self._follow(attempt, stale)
+            if wait is not None:  # the next attempts' calls share its pass
+                # As many attempts followed as samples are missing (each needs one at
+                # least), and 2^k after k rejections: a request whose first attempts are
+                # accepted fetches nothing it does not use.
+                missing = self.samples - self._returned
+                span = min(self.lookahead, self.width,
+                           max(missing, 1 << min(self.restarts, 30)))
+                while len(window) < span:
+                    window.append(_Course(root, int(seeds.integers(0, 2**63))))
+                asks = {id(wait): wait}
+                for course in window[1:span]:
+                    ahead = self._follow(course, stale)
+                    if ahead is not None:
+                        asks.setdefault(id(ahead), ahead)
+                stale.clear()
+                asked = tuple(asks.values())
+                yield asked[0] if len(asked) == 1 else asked
+                continue
+            path = attempt.path
+            end = path[-1]
+            steps = path[:-1] if end.complete else path  # a rejected attempt stepped at its end
+            for x in steps:
+                self.used(seen, x)
+            for x in [x for x in steps if not Q.is_open(x)]:
+                yield from self.expand(x)  # (in case the cache dropped it meanwhile)
+                self.tree.pin(x)
+            opened = -1
+            for d, x in enumerate(steps):
+                if not Q.is_open(x):
+                    Q.open(x)  # parents first
+                    opened = d
+            # Q moved only along this path, at the prefixes opened and their ancestors: the
+            # other courses need new steps there alone.
+            for x in path[:opened + 1]:
+                stale.add(id(x))
+                self._draws.pop(id(x))
+            window.pop(0)  # the next attempt, already followed ahead, is the next sample's
+            if end.complete:  # when this one is accepted
+                self._returned += 1
+                return end
+            self.restarts += 1
+
+    def _follow(self, course: _Course, changed: set[int]) -> Node | None:
+        """Bring ``course`` up to date with Q: where a prefix it stepped from is in
+        ``changed`` (ids), the step is taken again, and where it goes elsewhere the course
+        goes on from there. The unexpanded prefix it waits for; None once it ended."""
+        path, d = course.path, 0
+        # ``changed`` holds ended attempts' paths from the root (with their ancestors), so
+        # the prefixes of a course in it come first: past the first one not in it, no step
+        # moved. (A prefix in it whose step did not move is taken again to the same child.)
+        while (d < len(path) - 1 and id(path[d]) in changed
+               and self._step(path[d], course.key(d)) is path[d + 1]):
+            d += 1
+        if id(path[d]) in changed:
+            del path[d + 1:]
+            course.ended = False
+        if course.ended:
+            return None
+        while not path[-1].complete:
+            nxt = self._step(path[-1], course.key(len(path) - 1))
+            if nxt is _WAIT:
+                return path[-1]
+            if nxt is None:
+                break  # an invalid token: rejected
+            path.append(cast(Node, nxt))
+        course.ended = True
+        return None
+
+    def _step(self, node: Node, key: int) -> Node | object | None:
+        """Where an attempt at ``node`` goes with the step's random ``key`` on the current
+        Q: the child (from P_Q at an opened prefix, from P at another), None (an invalid
+        token) or ``_WAIT`` (the prefix's expansion is not known yet)."""
+        Q = self.Q
+        table = self._draws.get(id(node))
+        if Q.is_open(node):
+            if table is None or not table.opened:
+                exp = node.expansion  # pinned once opened
+                assert exp is not None
+                table = _Draws(exp, Q.weights(node))
+                self._draws.put(id(node), table)
+            return self.tree.child(node, Q.token(node, table.pick(key)))
+        exp = node.expansion
+        if exp is None:
+            return _WAIT
+        if table is None or table.exp is not exp:
+            table = _Draws(exp)
+            self._draws.put(id(node), table)
+        i = table.pick(key)
+        return None if i < 0 else self.tree.child(node, int(exp.ids[i]), exp)
+
     def _propose(self, exp: Expansion, rng: np.random.Generator) -> int:
         """u ~ P(· | x) over the whole vocabulary; -1 stands for any invalid token."""
         u = rng.random()
@@ -259,5 +409,129 @@ class Exact(Method):
 
 #: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
 #: ``open_root`` off, the rounds as they were before the schedules: the baseline of
-#: benchmarks/rounds.py); ``useful`` (the default), the module docstring's.
-SCHEDULES = ("fixed", "useful")
+#: benchmarks/rounds.py); ``useful`` (the default) and ``ahead``, the module docstring's.
+SCHEDULES = ("fixed", "useful", "ahead")
+
+#: What :meth:`Exact._step` yields for a prefix whose expansion is not known yet.
+_WAIT = object()
+#: Bytes of the tables :class:`_Draws` keeps for the prefixes drawn from lately.
+DRAWS_BYTES = 64 << 20
+
+
+class _Course:
+    """One attempt of the ``ahead`` schedule as the current Q takes it: the prefixes from
+    the root (the last where it waits, or where it ended when ``ended``) and its own
+    stream of random keys, one per step (:class:`_Draws`)."""
+
+    __slots__ = ("_keys", "_rng", "ended", "path")
+
+    def __init__(self, root: Node, seed: int) -> None:
+        self.path, self.ended = [root], False
+        self._rng = np.random.default_rng(seed)
+        self._keys: list[int] = []
+
+    def key(self, depth: int) -> int:
+        """The random key of the step at ``depth``."""
+        while depth >= len(self._keys):
+            self._keys += self._rng.integers(0, 2**63, size=64).tolist()
+        return self._keys[depth]
+
+
+class _Draws:
+    """One step of the ``ahead`` schedule at one prefix: which token a random key picks.
+
+    The pick is an exponential race: each candidate j gets E_j ~ Exp(1), a hash of the key
+    and j, and the least E_j / w_j wins, with probability w_j / Σ w. At a prefix not opened
+    the candidates are the valid tokens with w = P(· | x) and one for every invalid token
+    together, of weight 1 − Σ_valid P (the proposal: -1 when it wins); at an opened prefix
+    the valid tokens with w ∝ P_Q(· | x) (``weights``, formula 3). A race keeps its winner
+    when the other weights fall and when a candidate leaves it, and Q only falls: so an
+    attempt that went from a prefix not yet opened goes the same way once it is opened,
+    unless Q lowered that very token, and one that went from an opened prefix goes the
+    same way after Q fell below its other tokens: a course followed ahead is the course
+    its attempt takes, except where Q fell on that course's own tokens. The race runs in
+    two rounds, between blocks of :data:`BLOCK` tokens by their summed weight, then within
+    the winning block (the same law): a step costs a few hundred hashes, not one per token
+    of the vocabulary (a fall inside the winner's block can then also move it).
+
+    >>> e = Expansion(np.array([0.3, 0.3, 0.4]), np.array([0, 1]))  # token 2 invalid
+    >>> free, opened = _Draws(e), _Draws(e, np.array([0.3, 0.3 * 0.5]))  # Q(x·1) halved
+    >>> picks = [(free.pick(k), opened.pick(k)) for k in range(10_000)]
+    >>> [round(sum(f == j for f, _ in picks) / 1e4, 1) for j in (0, 1, -1)]  # P, invalid
+    [0.3, 0.3, 0.4]
+    >>> round(sum(o == 1 for _, o in picks) / 1e4, 1)   # P_Q(1|x) = .15 / .45
+    0.3
+    >>> all(o == 0 for f, o in picks if f == 0)  # token 0's Q kept: its proposals kept
+    True
+    """
+
+    __slots__ = ("exp", "invalid", "opened", "over", "over_blocks")
+
+    def __init__(self, exp: Expansion, weights: np.ndarray | None = None) -> None:
+        self.exp, self.opened = exp, weights is not None
+        w = exp.p.astype(np.float64) if weights is None else np.array(weights, np.float64)
+        self.invalid = 0.0 if self.opened else max(0.0, 1.0 - float(w.sum()))
+        blocks = np.add.reduceat(w, np.arange(0, len(w), BLOCK)) if len(w) else np.zeros(0)
+        with np.errstate(divide="ignore"):  # a dead token or block: 1/0 = inf never wins
+            self.over, self.over_blocks = 1.0 / w, 1.0 / blocks
+        if len(w) <= SMALL:  # raced in Python: lists are faster than arrays this short
+            self.over = self.over.tolist()
+
+    @property
+    def nbytes(self) -> int:
+        over = self.over
+        return (over.nbytes if isinstance(over, np.ndarray) else 8 * len(over)) \
+            + self.over_blocks.nbytes
+
+    def pick(self, key: int) -> int:
+        """The position of the winning token in the expansion; -1 for an invalid one."""
+        over, n = self.over, len(self.over_blocks)
+        b = 0
+        if n > 1 or self.invalid > 0:
+            e = np.asarray(_exponentials(key, 0, n + 1))  # the last: every invalid token
+            race = e[:n] * self.over_blocks
+            b = int(np.argmin(race)) if n else -1
+            if self.invalid > 0 and (b < 0 or e[n] / self.invalid < race[b]):
+                return -1
+        key ^= _TOKENS
+        if isinstance(over, list):
+            short = _exponentials(key, 0, len(over))
+            return min(range(len(over)), key=lambda j: short[j] * over[j])
+        lo = b * BLOCK
+        tail = over[lo:lo + BLOCK]
+        return lo + int(np.argmin(np.asarray(_exponentials(key, lo, len(tail))) * tail))
+
+
+#: Tokens per block of :class:`_Draws`' first round.
+BLOCK = 256
+#: Expansions of at most this many tokens race in Python.
+SMALL = 24
+_TOKENS = 0x5851F42D4C957F2D  # keys a step's second round apart from its first
+_GOLDEN, _MIX1, _MIX2, _MASK = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
+                                (1 << 64) - 1)
+
+
+def _exponentials(key: int, start: int, count: int) -> np.ndarray | list[float]:
+    """Exp(1) variates for the indices ``start`` .. ``start + count - 1``, a fixed function
+    of ``key`` (the splitmix64 finalizer of key and index: independent for a random key);
+    a list when short (a Python loop beats arrays there)."""
+    if count <= SMALL:
+        out = []
+        for i in range(start, start + count):
+            x = ((i * _GOLDEN) & _MASK) ^ key
+            x ^= x >> 30
+            x = (x * _MIX1) & _MASK
+            x ^= x >> 27
+            x = (x * _MIX2) & _MASK
+            x ^= x >> 31
+            out.append(-math.log(((x >> 11) + 0.5) * 2.0**-53))
+        return out
+    h: np.ndarray = (np.arange(start, start + count, dtype=np.uint64) * np.uint64(_GOLDEN)
+                     ^ np.uint64(key))
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(_MIX1)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(_MIX2)
+    h ^= h >> np.uint64(31)
+    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    return np.negative(np.log(u))
