@@ -7,10 +7,10 @@ for the run):
 - ``fixed``: every sample slot in flight (up to 32) makes an attempt each round, and only
   the prefixes the attempts saw are opened (the behaviour before the schedules);
 - ``fixed+open``: the same rounds, with the root opened before the first attempt;
-- ``useful-1``: the default schedule (``useful``: twice the last round's useful attempts,
+- ``useful-1``: the ``useful`` schedule (twice the last round's useful attempts,
   at least half the slots waiting; sampling/exact.py), with the root opened first, one
   attempt per slot and round;
-- ``useful`` (the default): the same, a slot running several attempts at once when a round
+- ``useful``: the same, a slot running several attempts at once when a round
   has more attempts than slots waiting (n = 1, a request's last samples);
 - ``lean``: ``useful`` with rounds of once (not twice) the last round's useful attempts and
   at least a quarter (not half) of the slots waiting;
@@ -18,7 +18,8 @@ for the run):
   left: the fewest rejections a schedule can reach, in as many passes as model calls.
 - ``aheadW`` (W = 1, 2, 4, 8, 16, 32): the ``ahead`` schedule, one attempt at a time like
   ``one`` (each on its own stream), the model calls of the next W - 1 attempts fetched in
-  the same passes (``Exact.lookahead``; ``ahead1`` is ``one`` on per-attempt streams).
+  the same passes (``Exact.lookahead``; ``ahead1`` is ``one`` on per-attempt streams;
+  ``ahead32`` is the default).
 
 Workloads: the binary DSL problem (``binary.jsonl``'s first, the paper's binary study),
 one or more SLIA problems (``--slia``, short prompts first), both as the DSL study runs them

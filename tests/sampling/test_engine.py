@@ -108,8 +108,11 @@ def test_exact_parallel_many_prompts_fit_each_target() -> None:
         assert p > 1e-3, f"prompt {prompt}: p = {p:.2e}"
 
 
-def test_exact_attempts_read_one_q() -> None:
-    """Q changes only at the end of a round, when no attempt is in flight."""
+@pytest.mark.parametrize("schedule", ["fixed", "useful"])
+def test_exact_attempts_read_one_q(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a round schedule Q changes only at the end of a round, when no attempt is in
+    flight (``ahead`` has one attempt in flight at a time: its tests are below)."""
+    monkeypatch.setattr(Exact, "schedule", schedule)
     lm, constraint, max_new = PROBLEMS["no_ab"]()
     tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
     method = Exact(tree, greedy=False)

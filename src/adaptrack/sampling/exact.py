@@ -35,7 +35,7 @@ rounds spent:
   chain change the samples, which docs/design.md §2 promises it does not.)
 - *A schedule* says how many attempts a round runs (:data:`SCHEDULES`), at most the walks
   in flight (``parallel``); the slots take them lowest index first, the others wait at the
-  barrier for a later round. The default, ``useful``, runs twice as many as the last round
+  barrier for a later round. ``useful`` runs twice as many as the last round
   had useful attempts, and at least half the slots waiting; an attempt is useful when it
   was accepted or saw unopened a prefix that no attempt started before it in its round saw
   (a rejection that teaches Q nothing new is the waste of running in parallel). So while
@@ -51,8 +51,8 @@ rounds spent:
 Each number is a function of earlier rounds, so every schedule is exact; the chi-square
 tests run each one (tests/sampling/test_distribution.py, tests/sampling/test_engine.py).
 
-The ``ahead`` schedule has no rounds: a request runs one walk at a time (the engine's
-``serial``), and its attempts run one at a time, each on the Q every earlier one left (the
+The ``ahead`` schedule (the default) has no rounds: a request runs one walk at a time (the
+engine's ``serial``), and its attempts run one at a time, each on the Q every earlier one left (the
 fewest rejections), each on its own random stream (seeded in attempt order from the first
 sample's stream), one random key per step; a sample is the first attempt accepted after
 the previous sample's. What it batches is model calls: while the running attempt waits for
@@ -114,7 +114,7 @@ class Exact(Method):
     parallel = True  # rounds keep every attempt on one Q: exact with any number in flight
     eager_chains = False  # a rejected attempt need not have fed the chain it left
     #: How many attempts a round runs (:data:`SCHEDULES`; module docstring).
-    schedule = "useful"
+    schedule = "ahead"
     #: Whether a slot may run several attempts in a round when there are more attempts
     #: than slots (n = 1, or a request's last samples), keeping the first accepted.
     several = True
@@ -126,7 +126,7 @@ class Exact(Method):
     #: ``ahead``: the attempts a walk follows at most at once, the one running and the next
     #: ones whose model calls it fetches ahead (at most ``parallel``'s walks; 2^k after k
     #: rejections).
-    lookahead = 8
+    lookahead = 32
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
@@ -409,7 +409,7 @@ class Exact(Method):
 
 #: Round schedules: ``fixed``, every slot in flight makes an attempt each round (and, with
 #: ``open_root`` off, the rounds as they were before the schedules: the baseline of
-#: benchmarks/rounds.py); ``useful`` (the default) and ``ahead``, the module docstring's.
+#: benchmarks/rounds.py); ``useful`` and ``ahead`` (the default), the module docstring's.
 SCHEDULES = ("fixed", "useful", "ahead")
 
 #: What :meth:`Exact._step` yields for a prefix whose expansion is not known yet.
