@@ -179,19 +179,19 @@ def generate(
     >>> bits = at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])
     >>> res = at.generate(lm, [], bits, method="exact", n=3, seed=0)
     >>> [s.text for s in res.samples]
-    ['11101', '10111', '11001']
+    ['11101', '11000', '10001']
     >>> all(s.valid for s in res.samples)
     True
     >>> try:
-    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20, fallback=None)
+    ...     at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=24, fallback=None)
     ... except at.TreeLimitError as err:
     ...     [s.text for s in err.partial.samples]    # what finished before the limit
-    ['11101', '10111']
+    ['11101', '11000']
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as said:   # the default: CD draws the third
-    ...     res = at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=20)
+    ...     res = at.generate(lm, [], bits, method="exact", n=3, seed=0, max_nodes=24)
     >>> [(s.text, s.fallback) for s in res.samples], said[0].category.__name__
-    ([('11101', False), ('10111', False), ('10110', True)], 'SearchFallbackWarning')
+    ([('11101', False), ('11000', False), ('10110', True)], 'SearchFallbackWarning')
     >>> [r.texts for r in at.generate(lm, [[], [0]], bits, method="cd", n=2, seed=0)]
     [['10100', '10101'], ['10100', '10101']]
     """

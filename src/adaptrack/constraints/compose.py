@@ -185,7 +185,7 @@ def with_stop(constraint: Constraint | None, stop: Iterable[str]) -> Constraint 
     >>> sorted(lm.vocab.decode(s).decode() for s in dist)  # every sequence ends at "b"
     ['aab', 'ab', 'ab', 'b']
     >>> at.generate(lm, [], c, method="exact", n=4, seed=0).texts  # cut before it
-    ['a', 'a', 'a', '']
+    ['a', 'aa', 'a', '']
     """
     stops = stop_strings(stop)
     if not stops:

@@ -68,7 +68,7 @@ class Predicate(Constraint):
     ...                  lambda t: t[-1:].isdigit() and eval(t) == 4)
     >>> res = at.generate(lm, [], sums, method="exact", n=20, seed=2, max_new_tokens=8)
     >>> sorted(set(res.texts)), res.stats["check_timeouts"]
-    (['2+1+1', '2+2'], 0)
+    (['1+1+2', '2+1+1', '2+2'], 0)
     """
 
     def __init__(
