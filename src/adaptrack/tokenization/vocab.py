@@ -118,22 +118,31 @@ class Vocabulary:
         >>> Vocabulary([b"a", b"ab", b"b"]).longest_match(b"abab")
         [1, 1]
         """
-        trie, ids, pos = self.trie, [], 0
+        ids, pos = [], 0
         while pos < len(data):
-            node, i = 0, pos
-            best: tuple[int, int] | None = None
-            while i < len(data):
-                step = trie.children[node].get(data[i])
-                if step is None:
-                    break
-                node, i = step, i + 1
-                if len(trie.ends[node]):
-                    best = (int(trie.ends[node][0]), i)
-            if best is None:
+            found = self.matches_at(data, pos)
+            if not found:
                 raise ValueError(f"cannot encode {data[pos:pos + 10]!r}: no token starts there")
-            ids.append(best[0])
-            pos = best[1]
+            token, pos = found[-1]
+            ids.append(token)
         return ids
+
+    def matches_at(self, data: bytes, pos: int) -> list[tuple[int, int]]:
+        """The tokens whose bytes ``data`` holds at ``pos``, shortest first, as (id, end)
+        pairs (the lowest id where several tokens have the same bytes).
+
+        >>> Vocabulary([b"a", b"ab", b"b"]).matches_at(b"abab", 0)
+        [(0, 1), (1, 2)]
+        """
+        trie, node, out = self.trie, 0, []
+        for i in range(pos, len(data)):
+            step = trie.children[node].get(data[i])
+            if step is None:
+                break
+            node = step
+            if len(trie.ends[node]):
+                out.append((int(trie.ends[node][0]), i + 1))
+        return out
 
     def tokens_holding(self, data: bytes) -> np.ndarray:
         """Sorted ids of the text tokens that contain any byte of ``data`` (terminators)."""

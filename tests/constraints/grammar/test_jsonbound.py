@@ -60,19 +60,10 @@ def texts(doc: object) -> list[str]:
 def segmentations(vocab: Vocabulary, data: bytes, rng: random.Random) -> list[list[int]]:
     """``data`` as the longest-match tokens and as two random segmentations into tokens."""
     out = [vocab.longest_match(data)]
-    trie = vocab.trie
     for _ in range(2):
         ids, pos = [], 0
         while pos < len(data):
-            node, i, ends = 0, pos, []
-            while i < len(data):
-                step = trie.children[node].get(data[i])
-                if step is None:
-                    break
-                node, i = step, i + 1
-                if len(trie.ends[node]):
-                    ends.append((int(trie.ends[node][0]), i))
-            tok, pos = rng.choice(ends)
+            tok, pos = rng.choice(vocab.matches_at(data, pos))
             ids.append(tok)
         out.append(ids)
     return out
