@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from stats import chi_square_p
+from stops import STOP_PROMPT, STOP_REGEX, TRICKY_STOPS, stop_targets, stop_toy, tricky_lm
 
 import adaptrack as at
 from adaptrack.constraints import Stopped, with_stop
@@ -14,20 +15,6 @@ from adaptrack.constraints.stop import cut_text, first_stop
 from adaptrack.eval.codetask import cut_at_stop
 from adaptrack.testing import assert_contract
 from adaptrack.tokenization.vocab import Vocabulary
-
-# The tricky case: "abcd" spans the boundary of the tokens "xa" and "bcd", and "bc" overlaps
-# it, ending first; the text is cut where the earliest-starting stop string begins.
-TRICKY_VOCAB = ["xa", "bcd", "e", "<eos>"]
-TRICKY_STOPS = ["bc", "abcd"]
-
-
-def tricky_lm() -> at.TableLM:
-    """After "e" (the prompt) writes "xa", "bcd", "e", "xa", … almost surely."""
-    def weights(prefix: tuple[int, ...]) -> list[float]:
-        w = [1e-3] * 4
-        w[(prefix[-1] + 1) % 3] = 1.0
-        return w
-    return at.TableLM(TRICKY_VOCAB, weights, eos=3)
 
 
 def test_the_rule_cuts_at_the_earliest_starting_stop_string():
@@ -57,39 +44,6 @@ def test_with_stop_without_a_constraint_is_anything_and_refuses_bad_stops():
         with_stop(at.constraints.regex("a"), [""])
     with pytest.raises(ValueError, match="all_of cannot combine"):
         at.constraints.all_of(with_stop(at.constraints.regex("a+"), ["b"]))
-
-
-#: A regex whose texts go on after the stop string "b" (STOP_PROMPT is "a").
-STOP_REGEX, STOP_PROMPT = "a{0,3}b[ab]{0,2}", [0]
-
-
-def stop_toy() -> at.TableLM:
-    """EOS is likely right after "b" only when no "a" came before it (after the prompt):
-    ending at "b" and ending at EOS after it are different targets."""
-    def weights(prefix: tuple[int, ...]) -> list[float]:
-        if prefix[-1] == 1:  # after "b"
-            return [1, 1, 9 if len(prefix) == 2 else 0.1]
-        return [1, 1, 0.1]
-    return at.TableLM(["a", "b", "<eos>"], weights, eos=2)
-
-
-def stop_targets(lm: at.TableLM) -> tuple[dict[str, float], dict[str, float]]:
-    """The texts' distribution (end="eos", max_new_tokens=8) when the stop string "b" ends
-    the sequence, and when the constraint is sampled and its text cut after (the rule the
-    server had); every sequence of the first ends at "b"."""
-    regex = at.constraints.regex(STOP_REGEX)
-    new: dict[str, float] = {}
-    for s, p in at.exact_distribution(lm, STOP_PROMPT, with_stop(regex, ["b"]),
-                                      max_new_tokens=8, end="eos").items():
-        assert s[-1] == 1
-        new[lm.vocab.decode(s[:-1]).decode()] = new.get(lm.vocab.decode(s[:-1]).decode(),
-                                                        0) + p
-    old: dict[str, float] = {}
-    for s, p in at.exact_distribution(lm, STOP_PROMPT, regex, max_new_tokens=8,
-                                      end="eos").items():
-        text = cut_text(lm.vocab.decode(s).decode(), ["b"])
-        old[text] = old.get(text, 0) + p
-    return new, old
 
 
 def test_a_search_targets_the_stop_string():

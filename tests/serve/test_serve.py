@@ -26,7 +26,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="adaptrack serve needs the serve
 pytest.importorskip("starlette", reason="adaptrack serve needs the serve extra")
 
 from stats import chi_square_p  # noqa: E402
-from test_stop import (  # noqa: E402
+from stops import (  # noqa: E402
     STOP_PROMPT,
     STOP_REGEX,
     TRICKY_STOPS,
