@@ -5,7 +5,8 @@ and a Lark grammar, after raw and chat prompts, at n = 1 and n = 5, on the defau
 For each request and n the methods run one after another on a fresh tree each (the model's
 KV cache is the backend's and shared), so every ratio to ``cd`` comes from the same minute of
 the same machine. A search runs with the library's defaults (``end="leave"``, the CD fallback)
-and a time budget of ``--max-seconds`` (default 120): a sample the fallback drew counts as not
+and a budget of ``--max-seconds`` (default 120) and ``--max-nodes`` prefixes (default 100 000;
+unlike time, the same on any machine and load): a sample the fallback drew counts as not
 exact and shows in the ``fallback`` column. Columns per method: CPU time as a ratio to
 ``cd``'s, model calls, samples complete (of n) and samples the fallback drew; the summary
 gives each method's median and worst ratio over the requests. CPU time of the process, not
@@ -17,6 +18,7 @@ MaskBench request.
 
 Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--seeds 0] [--methods cd,exact]
       [--only TEXT] [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
+      [--max-nodes 100000]
       [--kind json|regex|choice|lark] [--maskbench with|without|only] [--maskbench-tokens N]
 """
 
@@ -174,7 +176,8 @@ def crossing(lm: at.LanguageModel, prompt: str | list[int], constraint: Any,
 
 
 def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str, end: str,
-        max_seconds: float, chat: Any, seed: int = 0) -> dict[str, Any]:
+        max_seconds: float | None, chat: Any, seed: int = 0,
+        max_nodes: int = 100_000) -> dict[str, Any]:
     method, options = METHODS[label]
     prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
     started, cpu = time.perf_counter(), time.process_time()
@@ -183,7 +186,7 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
         try:
             res = at.generate(lm, prompt, req.constraint(whitespace), method=method, n=n, seed=seed,
                               max_new_tokens=req.max_new_tokens, max_seconds=max_seconds,
-                              end=end, **options)
+                              max_nodes=max_nodes, end=end, **options)
         except at.AdaptrackError as err:
             return {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
                     "error": type(err).__name__}
@@ -221,7 +224,13 @@ def main() -> None:
                              "unconstrained, which no constraint holds)")
     parser.add_argument("--json-whitespace", choices=("default", "flexible"), default="default")
     parser.add_argument("--end", choices=("leave", "eos"), default="leave")
-    parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--max-seconds", type=float, default=120.0,
+                        help="a search's time budget (0: none), past which the CD fallback "
+                             "draws its remaining samples")
+    parser.add_argument("--max-nodes", type=int, default=100_000,
+                        help="a search's budget in prefixes (about its model calls): unlike "
+                             "time, the same on any machine and load, so that which rows "
+                             "fall back does not depend on them")
     parser.add_argument("--only", default=None, help="requests whose name contains this")
     parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
                         help="requests of this kind only")
@@ -250,7 +259,8 @@ def main() -> None:
             and {"with": True, "without": not r.maskbench, "only": r.maskbench}[args.maskbench]]
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
-          f"end: {args.end}; max_seconds: {args.max_seconds:g}; seeds: {args.seeds}\n")
+          f"end: {args.end}; max_seconds: {args.max_seconds:g}; max_nodes: {args.max_nodes}; "
+          f"seeds: {args.seeds}\n")
     # One-off costs (the canonical tokenizer of fast-forward, llguidance's view of the
     # vocabulary) are paid here, not by the first request's cd.
     for kind in ("json", "regex"):
@@ -271,7 +281,8 @@ def main() -> None:
             at.generate(lm, chat([{"role": "user", "content": req.prompt}]) if req.chat
                         else req.prompt, None, method="unconstrained", max_new_tokens=1)
             got = {m: pooled([run(lm, req, n, m, args.json_whitespace, args.end,
-                                      args.max_seconds, chat, seed) for seed in seeds])
+                                      args.max_seconds or None, chat, seed, args.max_nodes)
+                              for seed in seeds])
                    for m in labels}
             base = got["cd"]["cpu"]
             crossed += [(req.name, x) for x in got["cd"].get("crossing", [])]
