@@ -228,9 +228,9 @@ def main() -> None:
                         help="a search's time budget (0: none), past which the CD fallback "
                              "draws its remaining samples")
     parser.add_argument("--max-nodes", type=int, default=100_000,
-                        help="a search's budget in prefixes (about its model calls): unlike "
-                             "time, the same on any machine and load, so that which rows "
-                             "fall back does not depend on them")
+                        help="a search's budget in prefixes of its tree (those it asked the "
+                             "model about and those the constraint ruled out without a "
+                             "call): unlike time, the same on any machine and load")
     parser.add_argument("--only", default=None, help="requests whose name contains this")
     parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
                         help="requests of this kind only")
