@@ -9,7 +9,9 @@ chains in the same call). Budgets and errors stay per request: a request whose s
 out of time or fails is closed with its error, and the others go on.
 
 Walks are generators that read like the paper's pseudocode (``sampling/base.py``). A walk
-yields a :class:`~adaptrack.sampling.tree.Node` to wait for its expansion, or
+yields a :class:`~adaptrack.sampling.tree.Node` to wait for its expansion (or a tuple of
+them that one call serves; those in a :class:`~adaptrack.sampling.base.Prefetch` only fill
+the cache, and the model is told so: ``LanguageModel.transient``), or
 :data:`BARRIER` to wait until every walk of its request in flight waits at the barrier too;
 the method's ``release`` then runs (``exact`` applies the Q updates of the round there, so
 that each attempt reads one Q from start to end).
