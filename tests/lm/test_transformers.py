@@ -652,7 +652,13 @@ def test_siblings_attend_to_their_parent_in_place_and_transient_rows_keep_no_sta
     nxt = lm.next_logprobs([(*rows[0], 7)])[0]
     assert lm.fed_tokens - fed == 1
     assert np.abs(nxt - fresh(model, [*rows[0], 7])).max() < 1e-4
-    # Without the hint the siblings are kept, the source subsumed as before.
+    # Without the hint every sibling keeps a state of its own, which extends as a fresh
+    # forward does.
     lm.next_logprobs([parent])
-    lm.next_logprobs([(*parent, 8), (*parent, 9)])
-    assert (*parent, 8) in lm._states and (*parent, 9) in lm._states
+    kept = [(*parent, 8), (*parent, 9)]
+    lm.next_logprobs(kept)
+    assert all(k in lm._states for k in kept)
+    fed = lm.fed_tokens
+    for prefix, row in zip(kept, lm.next_logprobs([(*k, 1) for k in kept]), strict=True):
+        assert np.abs(row - fresh(model, [*prefix, 1])).max() < 1e-4
+    assert lm.fed_tokens - fed == 2
