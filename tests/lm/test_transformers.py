@@ -622,3 +622,43 @@ def test_a_conversion_that_another_worker_finished_first_is_used(tmp_path, monke
             load._converted_gguf(gguf)
     converted = tmp_path / "cache" / "converted"
     assert [p.name for p in converted.iterdir() if ".tmp" in p.name] == []
+
+
+def test_siblings_attend_to_their_parent_in_place_and_transient_rows_keep_no_state(tiny):
+    """Rows that each add one token to the same kept state (siblings of a walk's prefix, a
+    state with a base of its own) read that state's positions once per pass; each row
+    equals a fresh forward; a transient row keeps no state and leaves its source kept, and
+    the row kept extends as a fresh forward does."""
+    model, tok = tiny
+    lm = TransformersLM(model, tok, share_tokens=16)
+    prompt = tuple(range(10, 40))
+    lm.next_logprobs([prompt])
+    parent = (*prompt, *range(50, 90))  # its own 40 positions on the prompt's base
+    lm.next_logprobs([parent])
+    assert lm._states.peek(parent).base is not None
+    rows = [(*parent, t) for t in (3, 4, 5, 6)]
+    before = lm.forward_calls
+    with lm.transient(rows[1:]):
+        got = lm.next_logprobs(rows)
+    assert lm.forward_calls - before == 1
+    for prefix, row in zip(rows, got, strict=True):
+        assert np.abs(row - fresh(model, list(prefix))).max() < 1e-4
+    assert rows[0] in lm._states and not any(r in lm._states for r in rows[1:])
+    assert lm._transient == set()
+    # The kept row's state: the parent's positions and its own token, extended once more.
+    state = lm._states.peek(rows[0])
+    assert state.shared == len(prompt) and state.own[0][0].shape[2] == len(parent) + 1 - 30
+    fed = lm.fed_tokens
+    nxt = lm.next_logprobs([(*rows[0], 7)])[0]
+    assert lm.fed_tokens - fed == 1
+    assert np.abs(nxt - fresh(model, [*rows[0], 7])).max() < 1e-4
+    # Without the hint every sibling keeps a state of its own, which extends as a fresh
+    # forward does.
+    lm.next_logprobs([parent])
+    kept = [(*parent, 8), (*parent, 9)]
+    lm.next_logprobs(kept)
+    assert all(k in lm._states for k in kept)
+    fed = lm.fed_tokens
+    for prefix, row in zip(kept, lm.next_logprobs([(*k, 1) for k in kept]), strict=True):
+        assert np.abs(row - fresh(model, [*prefix, 1])).max() < 1e-4
+    assert lm.fed_tokens - fed == 2

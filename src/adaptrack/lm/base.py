@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
@@ -112,6 +113,20 @@ class LanguageModel(ABC):
         while start < len(ids) and not self.vocab.bytes_of(ids[start]):
             start += 1
         return ids[start:]
+
+    def transient(self, prefixes: Collection[Prefix]) -> AbstractContextManager[None]:
+        """A block within which ``prefixes`` are asked only to fill a cache, unlikely to be
+        extended (AdapTrack's siblings fetched ahead, docs/design.md §3): a backend that
+        keeps per-prefix state (the transformers backend's KV states) need not keep
+        theirs. The others ignore it.
+
+        >>> import adaptrack as at
+        >>> lm = at.TableLM([b"a", b"<eos>"], lambda prefix: [1, 1], eos=1)
+        >>> with lm.transient([(0,)]):
+        ...     lm.next_logprobs([(0,)]).shape
+        (1, 2)
+        """
+        return nullcontext()
 
     def next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         """Normalized next-token log-probs for each full prefix (prompt ids included)."""

@@ -128,7 +128,9 @@ def batched_cache(sources: list[tuple[int, KVState | None]], width: int,
     """The kept states of ``sources`` (each row's kept length and state) as one batch's
     cache, left-padded to ``width``; with ``common`` (the base state every row starts with,
     and how many of its positions), its shared part once and each row's own positions after
-    it (lm/shared_attention.py)."""
+    it (lm/shared_attention.py); ``common`` may be a state with a base of its own (rows
+    that are all one state's first positions: siblings), whose two parts are then joined
+    once."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -145,9 +147,10 @@ def batched_cache(sources: list[tuple[int, KVState | None]], width: int,
                     own_k, own_v = state.own[layer]  # type: ignore[union-attr]
                     keys[r, :, width - n:] = own_k[0, :, :n - p]
                     values[r, :, width - n:] = own_v[0, :, :n - p]
-            kv = base.own[layer]
-            cache.layers.append(_shared.shared_layer(
-                (kv[0][:, :, :p], kv[1][:, :, :p]), keys, values))
+            pieces = base.layer(layer, p)  # two when a state with a base of its own
+            shared = pieces[0] if len(pieces) == 1 else (
+                torch.cat([k for k, _ in pieces], dim=2), torch.cat([v for _, v in pieces], dim=2))
+            cache.layers.append(_shared.shared_layer(shared, keys, values))
         return cache
     for layer in range(len(ref.own)):
         k0, v0 = ref.own[layer]

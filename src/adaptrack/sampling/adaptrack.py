@@ -14,6 +14,15 @@ distribution (docs/design.md §3); ``share_q`` keeps Q across the samples of a p
 ``max_backtrack`` and ``min_backtrack_prob`` are the paper's §7.2.2 limits (not exact); a
 prefix whose continuation is dead is always left, whatever the limits.
 With ``temperature=0``, N[x] is the argmax of P_Q(· | x), re-chosen after each update.
+
+Where the walk crawls a parent x, opening its children one by one and backtracking to x
+after each (a text that must close within the last tokens of ``max_new_tokens``), the call
+that opens the next child also fetches the expansions of x's most probable unopened
+children (``crawl_ahead``): one pass serves them for little more than one row's cost.
+They only fill the cache: Q, N, the draws and the prefixes a sample uses are those of a
+walk without them, so a seed's samples are the same (docs/design.md §3). They are nodes of
+the tree, at most ``AHEAD_SHARE`` of ``max_nodes`` in all: a request reaches ``max_nodes``
+at most that much sooner.
 """
 
 from __future__ import annotations
@@ -34,6 +43,11 @@ ROUNDING = 1e-9
 # A link whose log p'/p from Q's logs (within ~1e-12 of the log of P_Q's ratio itself) is at
 # least this keeps N[x] whatever the rounding: P_Q is computed again only where it is not.
 SURELY_KEPT = math.log1p(-ROUNDING / 2)
+# A parent is being crawled once this many of its children are open in Q: one opened
+# child and a backtrack to its parent is the ordinary search, two is the walk coming back.
+CRAWLED = 2
+# The share of ``max_nodes`` that siblings fetched ahead may add to the tree in all.
+AHEAD_SHARE = 0.25
 
 
 class AdapTrack(Method):
@@ -49,6 +63,12 @@ class AdapTrack(Method):
     >>> AdapTrack(tree, greedy=False, share_q=True).independent  # shared Q: not lockstep
     False
     """
+
+    #: Rows at most in the model call that opens a prefix whose parent is being crawled:
+    #: the prefix and siblings fetched ahead (:meth:`_siblings_ahead`); 1 fetches none.
+    #: On a CPU a row adds ~8 ms to a ~60 ms pass of the default model, and a crawl's
+    #: draws spread over thousands of tokens: 8 cost the least CPU (docs/benchmarks.md).
+    crawl_ahead = 8
 
     def __init__(
         self,
@@ -69,6 +89,7 @@ class AdapTrack(Method):
         self.parallel = False  # shared Q: one walk at a time unless asked (docs/design.md §3)
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
         self.shared = QTable(self.tree, moves=True)
+        self.fetched = 0  # siblings fetched ahead (``crawl_ahead``), used or not
 
     def _choose(self, Q: QTable, rng: np.random.Generator, x: Node,
                 exclude: Node | None = None) -> int:
@@ -98,7 +119,7 @@ class AdapTrack(Method):
             if s.complete:
                 return s  # lines 6-7
             before = [Q.prob(child) for child in path[1:]] if concurrent else []  # line 13
-            yield from self.expand(s)
+            yield from self.expand_along(s, self._siblings_ahead(Q, s))
             Q.open(s)  # line 10 (opening s is what changes Q)
             self.used(seen, s)
             if Q.dead(root):
@@ -142,3 +163,44 @@ class AdapTrack(Method):
         if self.max_backtrack is not None and s.depth - x.depth > self.max_backtrack:
             return False
         return 1 - p_new / p >= self.min_backtrack_prob
+
+    def _siblings_ahead(self, Q: QTable, s: Node) -> list[Node]:
+        """The siblings of ``s`` whose expansions the call that opens ``s`` fetches too
+        (``crawl_ahead``), only filling the cache: none unless s needs a model call and
+        its parent x is being crawled (k ≥ CRAWLED children open in Q); then the most
+        probable under P_Q(· | x) whose expansions are not known, so that the pass has
+        2^k rows (s's included), at most ``crawl_ahead``. An unopened child weighs
+        P(u | x) · 1, so they are the unopened children most probable under the model."""
+        x = s.parent
+        if self.crawl_ahead <= 1 or x is None or s.expansion is not None:
+            return []
+        opened = sum(Q.is_open(child) for child in x.children.values())
+        if opened < CRAWLED:
+            return []
+        tree = self.tree
+        room = min(self.crawl_ahead, 1 << min(opened, 30)) - 1
+        room = min(room, int(AHEAD_SHARE * tree.max_nodes) - self.fetched,
+                   tree.max_nodes - tree.num_nodes - 1)
+        exp = x.expansion  # pinned: x is open
+        if room <= 0 or exp is None:
+            return []
+        # A chain's next token would feed the whole chain: left to the walk (eager_chains).
+        chained = x.pending[0] if x.pending else -1
+        p, ids = exp.p, exp.ids
+        top = min(len(p), room + len(x.children) + 2)  # enough after the known are skipped
+        best = np.argpartition(-p, top - 1)[:top] if top < len(p) else np.arange(len(p))
+        best = best[np.lexsort((best, -p[best]))]  # most probable first, ties by position
+        ahead = []
+        for i in best.tolist():
+            token = int(ids[i])
+            child = x.children.get(token)
+            if token == chained or (child is not None and child.expansion is not None):
+                continue
+            if child is None:
+                child = tree.child(x, token, exp)
+            if child is not s:
+                ahead.append(child)
+                if len(ahead) == room:
+                    break
+        self.fetched += len(ahead)
+        return ahead

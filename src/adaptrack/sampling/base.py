@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 
 import numpy as np
 
@@ -16,10 +16,16 @@ from .tree import Node, PrefixTree
 BARRIER = object()
 
 #: One sample in progress: yields the prefix whose expansion it needs next (a node, or a
-#: tuple of nodes that one model call serves together; or :data:`BARRIER`), returns the
-#: final node. Written as a generator so that several walks
+#: tuple of nodes that one model call serves together, which may hold a :class:`Prefetch`;
+#: or :data:`BARRIER`), returns the final node. Written as a generator so that several walks
 #: can share one model call (the engine, ``sampling/engine.py``).
 Walk = Generator[object, None, Node]
+
+
+class Prefetch(tuple[Node, ...]):
+    """Prefixes, inside the tuple a walk yields, that the model call serves only to fill the
+    cache: nothing waits for them, and the model need not keep state for them
+    (``LanguageModel.transient``)."""
 
 
 class Method:
@@ -87,6 +93,15 @@ class Method:
         while node.expansion is None:
             yield node
         return node.expansion
+
+    def expand_along(self, node: Node, along: Sequence[Node]
+                     ) -> Generator[object, None, Expansion]:
+        """:meth:`expand`, the first model call serving ``along`` too, only to fill the
+        cache: nothing waits for them, and a later visit finds them expanded unless the
+        cache dropped them meanwhile."""
+        if node.expansion is None and along:
+            yield (node, Prefetch(along))
+        return (yield from self.expand(node))
 
     def empty_language(self) -> NoValidSequenceError:
         t = self.tree

@@ -9,7 +9,9 @@ chains in the same call). Budgets and errors stay per request: a request whose s
 out of time or fails is closed with its error, and the others go on.
 
 Walks are generators that read like the paper's pseudocode (``sampling/base.py``). A walk
-yields a :class:`~adaptrack.sampling.tree.Node` to wait for its expansion, or
+yields a :class:`~adaptrack.sampling.tree.Node` to wait for its expansion (or a tuple of
+them that one call serves; those in a :class:`~adaptrack.sampling.base.Prefetch` only fill
+the cache, and the model is told so: ``LanguageModel.transient``), or
 :data:`BARRIER` to wait until every walk of its request in flight waits at the barrier too;
 the method's ``release`` then runs (``exact`` applies the Q updates of the round there, so
 that each attempt reads one Q from start to end).
@@ -24,7 +26,7 @@ import numpy as np
 
 from ..errors import CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
-from .base import BARRIER, Method, Walk
+from .base import BARRIER, Method, Prefetch, Walk
 from .tree import Node, PrefixTree
 
 
@@ -70,12 +72,29 @@ _Item = tuple["Request", Node, bool]
 
 
 def _waited(waits: object) -> list[Node]:
-    """The prefixes a walk waits for: one node, or a tuple of nodes one call serves."""
+    """The prefixes a walk waits for: one node, or a tuple of nodes one call serves (those
+    of a :class:`Prefetch` in it too)."""
     if isinstance(waits, Node):
         return [waits]
     if isinstance(waits, tuple):
-        return [n for n in waits if isinstance(n, Node)]
+        return [n for item in waits
+                for n in (item if isinstance(item, Prefetch) else (item,))
+                if isinstance(n, Node)]
     return []
+
+
+def _direct(waits: object) -> list[Node]:
+    """The prefixes a walk waits for, those of a :class:`Prefetch` left out."""
+    if isinstance(waits, Node):
+        return [waits]
+    return [n for n in waits if isinstance(n, Node)] if isinstance(waits, tuple) else []
+
+
+def _prefetched(waits: object) -> list[Node]:
+    """The prefixes of the :class:`Prefetch` in what a walk yields."""
+    if not isinstance(waits, tuple):
+        return []
+    return [n for item in waits if isinstance(item, Prefetch) for n in item]
 
 
 class Engine:
@@ -103,6 +122,7 @@ class Engine:
         returned next-token distributions (None: no bound) per model call."""
         self.lm, self.batch_size, self.max_batch_tokens = lm, batch_size, max_batch_tokens
         self.requests: list[Request] = []
+        self._fill: set[int] = set()  # ids of this step's prefixes asked only to fill a cache
 
     def submit(self, method: Method, n: int, seed: int | None,
                on_done: Callable[[int, Node, int], None], *, width: int = 1,
@@ -133,8 +153,10 @@ class Engine:
             return False
         items: list[_Item] = []
         waited: dict[int, list[Node]] = {}
+        self._fill.clear()
         for req in self.requests:
             nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
+            self._fill.update(id(n) for s in req._slots.values() for n in _prefetched(s.waits))
             try:
                 req.tree.check_time()  # between model calls: each request keeps its budget
                 plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
@@ -143,6 +165,9 @@ class Engine:
                 continue
             waited[id(req)] = nodes
             items += [(req, n, False) for n in plain] + [(req, n, True) for n in heads]
+        # A prefix some walk waits for is not only prefetched.
+        self._fill.difference_update(id(n) for req in self.requests
+                                     for s in req._slots.values() for n in _direct(s.waits))
         self._call(items)
         for req in self.requests:
             if not req.done and id(req) in waited:
@@ -162,8 +187,10 @@ class Engine:
                         [(r.tree.prompt + n.tokens, n.pending or () if chain else ())
                          for r, n, chain in chunk])
                 else:
-                    found = list(self.lm.next_logprobs(
-                        [r.tree.prompt + n.tokens for r, n, _ in chunk])[:, None])
+                    fill = [r.tree.prompt + n.tokens for r, n, _ in chunk if id(n) in self._fill]
+                    with self.lm.transient(fill):
+                        found = list(self.lm.next_logprobs(
+                            [r.tree.prompt + n.tokens for r, n, _ in chunk])[:, None])
             except Exception as err:  # attributed below
                 owners = list({id(r): r for r, _, _ in chunk}.values())
                 if len(owners) == 1:
