@@ -13,7 +13,8 @@ Random weights give a near-uniform next-token distribution over 152 k tokens, wh
 model has: under it the constrained target puts almost all its mass on the fewest tokens a
 valid text can take (each token costs a factor of about 1/152 k), and ``adaptrack`` and
 ``exact`` search far more than on a real model before a sample is accepted. Their rows
-therefore run under a time budget and report model calls per second and prefixes per
+therefore run under a time budget (``cd``'s, at most n walks of ``max_new_tokens`` calls,
+under none) and report model calls per second and prefixes per
 forward pass (what the GPU path decides) besides the samples that finished; how many calls
 a real model's dead ends take is measured on real models (docs/benchmarks.md).
 
@@ -251,7 +252,8 @@ def section_methods(lm: TransformersLM, s: Scale, hf_rate: float) -> None:
                 try:
                     return at.generate(lm, prompt, c, method=method, n=s.n, seed=0,
                                        max_new_tokens=s.method_tokens,
-                                       max_seconds=s.max_seconds, **options)
+                                       max_seconds=None if method == "cd" else s.max_seconds,
+                                       **options)
                 except at.SearchLimitError as err:  # random weights: see the docstring
                     return err.partial
             res, run = measure(lm, sample)
