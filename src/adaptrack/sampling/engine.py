@@ -73,14 +73,8 @@ _Item = tuple["Request", Node, bool]
 
 def _waited(waits: object) -> list[Node]:
     """The prefixes a walk waits for: one node, or a tuple of nodes one call serves (those
-    of a :class:`Prefetch` in it too)."""
-    if isinstance(waits, Node):
-        return [waits]
-    if isinstance(waits, tuple):
-        return [n for item in waits
-                for n in (item if isinstance(item, Prefetch) else (item,))
-                if isinstance(n, Node)]
-    return []
+    of a :class:`Prefetch` in it too, after the others: a walk yields it last)."""
+    return _direct(waits) + _prefetched(waits)
 
 
 def _direct(waits: object) -> list[Node]:
