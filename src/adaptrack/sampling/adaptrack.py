@@ -17,12 +17,16 @@ With ``temperature=0``, N[x] is the argmax of P_Q(· | x), re-chosen after each 
 
 Where the walk crawls a parent x, opening its children one by one and backtracking to x
 after each (a text that must close within the last tokens of ``max_new_tokens``), the call
-that opens the next child also fetches the expansions of x's most probable unopened
-children (``crawl_ahead``): one pass serves them for little more than one row's cost.
-They only fill the cache: Q, N, the draws and the prefixes a sample uses are those of a
-walk without them, so a seed's samples are the same (docs/design.md §3). They are nodes of
-the tree, at most ``AHEAD_SHARE`` of ``max_nodes`` in all: a request reaches ``max_nodes``
-at most that much sooner.
+that opens the next child also fetches the expansions of the children the next draws at x
+will take if each opened child is rejected in turn (``crawl_ahead``): one pass serves them
+for little more than one row's cost. Those draws (formula 4 at a crawled parent) are
+exponential races on random keys of their own, one vector per draw at x (:class:`Race`),
+so the walk can read them before it makes them; a race draws from the same P_Q as an
+inverse CDF, and unlike one its winner does not move when Q falls on other tokens. The
+siblings fetched only fill the cache: Q, N, the draws and the prefixes a sample uses are
+those of a walk without them, so a seed's samples are the same (docs/design.md §3). They
+are nodes of the tree, at most ``AHEAD_SHARE`` of ``max_nodes`` in all: a request reaches
+``max_nodes`` at most that much sooner.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import math
 import numpy as np
 
 from .base import Method, Walk
-from .draw import argmax, draw
+from .draw import Race, argmax, draw
 from .qtable import QTable
 from .tree import Node, PrefixTree
 
@@ -66,9 +70,10 @@ class AdapTrack(Method):
 
     #: Rows at most in the model call that opens a prefix whose parent is being crawled:
     #: the prefix and siblings fetched ahead (:meth:`_siblings_ahead`); 1 fetches none.
-    #: On a CPU a row adds ~8 ms to a ~60 ms pass of the default model, and a crawl's
-    #: draws spread over thousands of tokens: 8 cost the least CPU (docs/benchmarks.md).
-    crawl_ahead = 8
+    #: On a CPU a row adds ~8 ms to a ~60 ms pass of the default model and nearly every
+    #: sibling read from the races is used: 8, 16 and 32 cost about the same CPU, 16 the
+    #: fewest passes for the rows (docs/benchmarks.md, the crawl's races).
+    crawl_ahead = 16
 
     def __init__(
         self,
@@ -89,21 +94,29 @@ class AdapTrack(Method):
         self.parallel = False  # shared Q: one walk at a time unless asked (docs/design.md §3)
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
         self.shared = QTable(self.tree, moves=True)
+        self.races: dict[Node, Race] = {}  # the crawled parents' draws, with the shared Q
         self.fetched = 0  # siblings fetched ahead (``crawl_ahead``), used or not
 
     def _choose(self, Q: QTable, rng: np.random.Generator, x: Node,
-                exclude: Node | None = None) -> int:
-        """A token from P_Q(· | x), or from formula 4 when ``exclude`` is the old N[x]'s node."""
+                exclude: Node | None = None, races: dict[Node, Race] | None = None) -> int:
+        """A token from P_Q(· | x), or from formula 4 when ``exclude`` is the old N[x]'s node
+        (by x's :class:`Race` where x is crawled: ``races``)."""
         w = Q.weights(x)
         j = None if exclude is None else exclude.slot
         if self.greedy:
             return Q.token(x, argmax(w, j))
+        if races is not None and j is not None and Q.lowered(x) >= CRAWLED:
+            race = races.get(x)
+            if race is None:  # its keys: a seed from the walk's stream, drawn once
+                race = races[x] = Race(int(rng.integers(1 << 63)))
+            return Q.token(x, race.draw(w, j))
         # Q's kept sums count j: of use only where j's weight is already 0 (it died).
         cdf = Q.cumulative(x) if j is None or w[j] == 0 else None
         return Q.token(x, draw(w, rng, j, cdf))
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         Q = self.shared if self.share_q else QTable(self.tree, moves=True)  # line 2: Q ← ∅
+        races = self.races if self.share_q else {}
         root = self.tree.root
         N: dict[Node, int] = {}  # line 3: N ← ∅
         # Other walks open prefixes of a shared Q while this one waits (parallel): P_Q may
@@ -119,7 +132,7 @@ class AdapTrack(Method):
             if s.complete:
                 return s  # lines 6-7
             before = [Q.prob(child) for child in path[1:]] if concurrent else []  # line 13
-            yield from self.expand_along(s, self._siblings_ahead(Q, s))
+            yield from self.expand_along(s, self._siblings_ahead(Q, s, races))
             Q.open(s)  # line 10 (opening s is what changes Q)
             self.used(seen, s)
             if Q.dead(root):
@@ -153,7 +166,7 @@ class AdapTrack(Method):
                 # p = 0: another walk of a shared Q killed n while this one waited
                 # (parallel); keeping the dead link would follow it forever.
                 if p == 0 or rng.random() >= p_new / p:  # line 15: b ~ Bernoulli(p'/p), b = 0
-                    N[x], top = self._choose(Q, rng, x, exclude=n), x.depth  # line 17, formula 4
+                    N[x], top = self._choose(Q, rng, x, n, races), x.depth  # line 17, formula 4
                     self.backtracks += 1
             del path[top + 1:]
 
@@ -164,43 +177,44 @@ class AdapTrack(Method):
             return False
         return 1 - p_new / p >= self.min_backtrack_prob
 
-    def _siblings_ahead(self, Q: QTable, s: Node) -> list[Node]:
+    def _siblings_ahead(self, Q: QTable, s: Node, races: dict[Node, Race]) -> list[Node]:
         """The siblings of ``s`` whose expansions the call that opens ``s`` fetches too
         (``crawl_ahead``), only filling the cache: none unless s needs a model call and
-        its parent x is being crawled (k ≥ CRAWLED children open in Q); then the most
-        probable under P_Q(· | x) whose expansions are not known, so that the pass has
-        2^k rows (s's included), at most ``crawl_ahead``. An unopened child weighs
-        P(u | x) · 1, so they are the unopened children most probable under the model."""
+        its parent x is being crawled (k ≥ CRAWLED children open in Q, its draws made by
+        its race); then those x's next draws take if s and each of them in turn is
+        rejected (Q falls to ~0 on them), whose expansions are not known, so that the pass
+        has 2^k rows (s's included), at most ``crawl_ahead``."""
         x = s.parent
         if self.crawl_ahead <= 1 or x is None or s.expansion is not None:
             return []
-        opened = sum(Q.is_open(child) for child in x.children.values())
-        if opened < CRAWLED:
+        race = races.get(x)
+        opened = Q.lowered(x) if Q.is_open(x) else 0
+        if race is None or opened < CRAWLED:
             return []
         tree = self.tree
         room = min(self.crawl_ahead, 1 << min(opened, 30)) - 1
         room = min(room, int(AHEAD_SHARE * tree.max_nodes) - self.fetched,
                    tree.max_nodes - tree.num_nodes - 1)
         exp = x.expansion  # pinned: x is open
-        if room <= 0 or exp is None:
+        if room <= 0 or exp is None or Q.dead(x):
             return []
         # A chain's next token would feed the whole chain: left to the walk (eager_chains).
         chained = x.pending[0] if x.pending else -1
-        p, ids = exp.p, exp.ids
-        top = min(len(p), room + len(x.children) + 2)  # enough after the known are skipped
-        best = np.argpartition(-p, top - 1)[:top] if top < len(p) else np.arange(len(p))
-        best = best[np.lexsort((best, -p[best]))]  # most probable first, ties by position
-        ahead = []
-        for i in best.tolist():
-            token = int(ids[i])
+        w = Q.weights(x).copy()
+        w[s.slot] = 0.0
+        ahead: list[Node] = []
+        # Known winners cost no call but take a draw: read a few more draws than rows.
+        for v in range(race.drawn, race.drawn + 2 * room):
+            if not w.any():
+                break
+            i = race.winner(w, v)
+            w[i] = 0.0
+            token = int(exp.ids[i])
             child = x.children.get(token)
             if token == chained or (child is not None and child.expansion is not None):
                 continue
-            if child is None:
-                child = tree.child(x, token, exp)
-            if child is not s:
-                ahead.append(child)
-                if len(ahead) == room:
-                    break
+            ahead.append(tree.child(x, token, exp) if child is None else child)
+            if len(ahead) == room:
+                break
         self.fetched += len(ahead)
         return ahead

@@ -40,3 +40,44 @@ def argmax(weights: np.ndarray, exclude: int | None = None) -> int:
         weights = weights.copy()
         weights[exclude] = -1.0
     return int(np.argmax(weights))
+
+
+class Race:
+    """The draws at one node as exponential races: draw v takes the index i that maximizes
+    weights[i] / E_v[i], where E_v is a vector of unit exponentials fixed by ``(seed, v)``
+    alone. A race picks i with probability weights[i] / Σ weights, like :func:`draw`, and
+    since its keys are known before the draw is made, a caller can read which index draw v
+    will take for weights it expects (:meth:`winner`); the winner does not move when other
+    indices' weights fall, where an inverse CDF's would.
+
+    >>> race = Race(seed=7)
+    >>> w = np.array([0.0, 1.0, 3.0])
+    >>> first = race.winner(w, 0)
+    >>> race.draw(w) == first, race.drawn   # the draw the reading foretold
+    (True, 1)
+    >>> race.draw(w, exclude=2)
+    1
+    """
+
+    __slots__ = ("drawn", "seed")
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.drawn = seed, 0  # draws made so far: the next one is number drawn
+
+    def winner(self, weights: np.ndarray, v: int, exclude: int | None = None) -> int:
+        """The index draw ``v`` takes over ``weights`` (``exclude`` gets weight 0); at
+        least one weight must be positive."""
+        keys = np.random.default_rng((self.seed, v)).standard_exponential(len(weights))
+        score = weights / keys
+        if exclude is not None:
+            score[exclude] = 0.0
+        i = int(np.argmax(score))
+        if score[i] <= 0:
+            raise ValueError("a race needs a positive weight")
+        return i
+
+    def draw(self, weights: np.ndarray, exclude: int | None = None) -> int:
+        """The next draw: :meth:`winner` for draw number :attr:`drawn`, which then counts it."""
+        i = self.winner(weights, self.drawn, exclude)
+        self.drawn += 1
+        return i

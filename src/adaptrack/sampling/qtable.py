@@ -74,6 +74,11 @@ class QTable:
     def is_open(self, node: Node) -> bool:
         return id(node) in self._logq
 
+    def lowered(self, node: Node) -> int:
+        """How many children of the open ``node`` have a Q other than 1: the children
+        opened under it (but one whose valid mass sums to exactly 1), counted in O(1)."""
+        return len(self._below[id(node)])
+
     def log_q(self, node: Node) -> float:
         """log Q[node]: 0 for a prefix this run has not opened, -inf for a dead one."""
         return self._logq.get(id(node), 0.0)
