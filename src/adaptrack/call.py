@@ -223,6 +223,7 @@ class PreparedCall:
             "evictions": tree.evictions,
             "backtracks": sampler.backtracks,
             "restarts": sampler.restarts,
+            "fetched_ahead": sampler.fetched,
             "incomplete": sum(not s.complete for s in finished),
             "ff_sequences": tree.ff_sequences,
             "forced_tokens": tree.forced_tokens,

@@ -62,6 +62,8 @@ def test_the_siblings_fetched_ahead_change_no_sample_and_share_passes(monkeypatc
     assert max(on_lm.batches) >= 4
     assert len(on_lm.batches) < len(off_lm.batches)
     assert on.stats["lm_calls"] > off.stats["lm_calls"]  # prefixes evaluated, used or not
+    assert off.stats["fetched_ahead"] == 0 < on.stats["fetched_ahead"]
+    assert on.stats["lm_calls"] <= off.stats["lm_calls"] + on.stats["fetched_ahead"]
 
 
 def test_the_cache_bound_holds_with_siblings_fetched_ahead(monkeypatch):

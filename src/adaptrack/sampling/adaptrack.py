@@ -95,7 +95,6 @@ class AdapTrack(Method):
         self.max_backtrack, self.min_backtrack_prob = max_backtrack, min_backtrack_prob
         self.shared = QTable(self.tree, moves=True)
         self.races: dict[Node, Race] = {}  # the crawled parents' draws, with the shared Q
-        self.fetched = 0  # siblings fetched ahead (``crawl_ahead``), used or not
 
     def _choose(self, Q: QTable, rng: np.random.Generator, x: Node,
                 exclude: Node | None = None, races: dict[Node, Race] | None = None) -> int:

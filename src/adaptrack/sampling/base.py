@@ -63,6 +63,9 @@ class Method:
         self.tree, self.greedy = tree, greedy
         self.backtracks = 0
         self.restarts = 0
+        #: Prefixes evaluated ahead of the walks only to fill the cache, used later or not
+        #: (AdapTrack's siblings at a crawled parent; ``stats["fetched_ahead"]``).
+        self.fetched = 0
 
     def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
         raise NotImplementedError
