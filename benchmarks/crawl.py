@@ -7,7 +7,10 @@ The search stops at its OPENED+1-th opened prefix (``QTable.open``); the table g
 passes (``forward_calls``), the rows the model evaluated, CPU seconds and a hash of the
 opened prefixes in order (equal hashes: the same walk). ``--one-row`` evaluates each row in
 a pass of its own: then every ``crawl_ahead`` opens the same prefixes (batched rows change
-float rounding by ~1e-6, which can part the walks after a few hundred openings).
+float rounding by ~1e-6, which can part the walks after a few hundred openings). The last
+columns split the passes that open a prefix by how many of its parent's children were open
+in Q before it: none (a first child: the walk descending, one new prefix a position, as cd),
+one, or more (the parent crawled: such a pass carries the siblings fetched ahead).
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/crawl.py "Github_easy---o44231 (raw)"
       [--seed 0] [--opened 400] [--rows 1,8] [--one-row]
@@ -33,6 +36,14 @@ class _Stop(Exception):
     """The search opened its budget of prefixes."""
 
 
+def _kind(Q: qtable.QTable, s: Any) -> str:
+    """Which column of the table a pass that opens ``s`` counts in."""
+    x = s.parent
+    if x is None or not Q.is_open(x):
+        return "first"
+    return ("first", "second")[Q.lowered(x)] if Q.lowered(x) < 2 else "crawled"
+
+
 def run(lm: Any, req: everyday.Request, seed: int, opened: int, rows: int) -> dict[str, Any]:
     AdapTrack.crawl_ahead = rows
     prompt: Any = req.prompt
@@ -48,7 +59,16 @@ def run(lm: Any, req: everyday.Request, seed: int, opened: int, rows: int) -> di
                 raise _Stop
         original(self, node)
 
+    kinds = {"first": 0, "second": 0, "crawled": 0}
+    ahead = AdapTrack._siblings_ahead
+
+    def sorted_pass(self: AdapTrack, Q: qtable.QTable, s: Any, races: Any) -> list[Any]:
+        if s.expansion is None:  # this opening needs a pass
+            kinds[_kind(Q, s)] += 1
+        return ahead(self, Q, s, races)
+
     qtable.QTable.open = counted  # type: ignore[method-assign]
+    AdapTrack._siblings_ahead = sorted_pass  # type: ignore[method-assign]
     lm.clear_cache()  # every run from a cold KV cache, as a process of its own
     passes, calls = lm.forward_calls, lm.calls
     cpu = time.process_time()
@@ -60,10 +80,11 @@ def run(lm: Any, req: everyday.Request, seed: int, opened: int, rows: int) -> di
         ended = "budget"
     finally:
         qtable.QTable.open = original  # type: ignore[method-assign]
+        AdapTrack._siblings_ahead = ahead  # type: ignore[method-assign]
     return {"rows": rows, "passes": lm.forward_calls - passes, "calls": lm.calls - calls,
             "cpu": time.process_time() - cpu, "opened": min(len(seen), opened),
             "hash": hashlib.sha1(repr(seen[:opened]).encode()).hexdigest()[:10],
-            "ended": ended}
+            "ended": ended, **kinds}
 
 
 def main() -> None:
@@ -82,12 +103,14 @@ def main() -> None:
         lm.max_batch = 1
     print(f"# {args.request}, seed {args.seed}, {args.opened} opened; CPU: {cpu_name()}; "
           f"load average at start: {load()}")
-    print("\n| crawl_ahead | passes | rows | CPU s | opened | hash | ended |")
-    print("|--:|--:|--:|--:|--:|---|---|")
+    print("\n| crawl_ahead | passes | rows | CPU s | opened | hash | ended "
+          "| passes opening a first child | a second | a crawled parent's |")
+    print("|--:|--:|--:|--:|--:|---|---|--:|--:|--:|")
     for rows in (int(r) for r in args.rows.split(",")):
         o = run(lm, found[0], args.seed, args.opened, rows)
         print(f"| {o['rows']} | {o['passes']} | {o['calls']} | {o['cpu']:.1f} | {o['opened']} "
-              f"| {o['hash']} | {o['ended']} |", flush=True)
+              f"| {o['hash']} | {o['ended']} | {o['first']} | {o['second']} | {o['crawled']} |",
+              flush=True)
 
 
 if __name__ == "__main__":
