@@ -38,10 +38,8 @@ class _Stop(Exception):
 
 def _kind(Q: qtable.QTable, s: Any) -> str:
     """Which column of the table a pass that opens ``s`` counts in."""
-    x = s.parent
-    if x is None or not Q.is_open(x):
-        return "first"
-    return ("first", "second")[Q.lowered(x)] if Q.lowered(x) < 2 else "crawled"
+    x = s.parent  # open in Q: the walk drew s from it (None: s is the root)
+    return ("first", "second", "crawled")[0 if x is None else min(Q.lowered(x), 2)]
 
 
 def run(lm: Any, req: everyday.Request, seed: int, opened: int, rows: int) -> dict[str, Any]:

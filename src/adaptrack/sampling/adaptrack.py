@@ -186,16 +186,15 @@ class AdapTrack(Method):
         x = s.parent
         if self.crawl_ahead <= 1 or x is None or s.expansion is not None:
             return []
-        race = races.get(x)
-        opened = Q.lowered(x) if Q.is_open(x) else 0
-        if race is None or opened < CRAWLED:
+        race = races.get(x)  # made once k reached CRAWLED at x, and k never falls
+        if race is None:
             return []
-        tree = self.tree
+        opened, tree = Q.lowered(x), self.tree
         room = min(self.crawl_ahead, 1 << min(opened, 30)) - 1
         room = min(room, int(AHEAD_SHARE * tree.max_nodes) - self.fetched,
                    tree.max_nodes - tree.num_nodes - 1)
         exp = x.expansion  # pinned: x is open
-        if room <= 0 or exp is None or Q.dead(x):
+        if room <= 0 or exp is None:
             return []
         # A chain's next token would feed the whole chain: left to the walk (eager_chains).
         chained = x.pending[0] if x.pending else -1
@@ -209,11 +208,12 @@ class AdapTrack(Method):
             i = race.winner(w, v)
             w[i] = 0.0
             token = int(exp.ids[i])
-            child = x.children.get(token)
-            if token == chained or (child is not None and child.expansion is not None):
+            if token == chained:
                 continue
-            ahead.append(tree.child(x, token, exp) if child is None else child)
-            if len(ahead) == room:
-                break
+            child = tree.child(x, token, exp)
+            if child.expansion is None:
+                ahead.append(child)
+                if len(ahead) == room:
+                    break
         self.fetched += len(ahead)
         return ahead
