@@ -208,3 +208,25 @@ def test_a_key_being_written_keeps_the_required_keys_it_cannot_become():
         assert (1 in within) == (left >= 6)
         # 'b' may be the required key itself: '":"' '"}' EOS.
         assert (2 in within) == (left >= 4)
+
+
+def test_key_that_cannot_close_in_time_has_no_plain_child(default_vocab):
+    # An extra key being written: whatever ASCII bytes follow, it still needs its '":', a
+    # value and '}' (a walk once opened 834 such children of one prefix, each dead at its
+    # own check).
+    m = json_schema(JME).bind(default_vocab)
+    bound = m.compiled.json_bound()
+    node = Node(None, None, m.start(), False, 0.0)
+    text = b'{"name": "J", "email": "j", "shippingAddress": "x", "innerReprocClass'
+    for tok in default_vocab.longest_match(text):
+        state = m.advance(node.state, tok)
+        assert state is not None
+        node = Node(node, tok, state, False, 0.0)
+    need = bound.need(node.state)
+    tight = Expander(m, max_new_tokens=node.depth + need).valid(node)
+    assert 0 < len(tight) < 2000
+    assert not np.isin(tight, np.flatnonzero(bound.cover.plain_ascii)).any()
+    roomy = Expander(m, max_new_tokens=node.depth + need + 1).valid(node)
+    assert np.isin(roomy, np.flatnonzero(bound.cover.plain_ascii)).sum() > 40000
+    for tok in tight.tolist():  # each kept token leaves a text that may still fit
+        assert bound.need(m.advance(node.state, tok)) <= need - 1

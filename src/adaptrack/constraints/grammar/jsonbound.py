@@ -297,13 +297,18 @@ class TokenCover:
         self._holding: dict[int, np.ndarray] = {}
         self._counts: LRU[bytes, int] = LRU(1 << 14)
         plain = np.zeros(vocab.size, dtype=bool)
+        ascii_only = np.zeros(vocab.size, dtype=bool)
         for i in range(min(vocab.size, len(vocab.token_bytes))):
             data = vocab.bytes_of(i)
             plain[i] = bool(data) and not vocab.is_eos(i) and b'"' not in data and \
                 b"\\" not in data and min(data) >= 0x20
+            ascii_only[i] = plain[i] and max(data) < 0x80
         #: Tokens made only of plain JSON string bytes (no quote, backslash or control
         #: byte): inside a value string they leave the obligations as they are.
         self.plain = plain
+        #: Those of ASCII bytes only: inside a key being read they can only rule out
+        #: required keys it may still become (a non-ASCII byte makes the key unreadable).
+        self.plain_ascii = ascii_only
 
     def _tokens_holding(self, byte: int) -> np.ndarray:
         found = self._holding.get(byte)
@@ -421,9 +426,10 @@ class JsonBound:
     def within(self, state: tuple[int, ...], tokens: int, allowed: np.ndarray) -> np.ndarray:
         """Of ``allowed`` (the tokens the grammar allows after ``state``), those after which
         a completion may still fit in ``tokens - 1`` more tokens, EOS included: none where
-        ``state`` itself needs more than ``tokens``; inside a value string where the string's
-        bound leaves no room, no plain string token; others checked one by one (all where there
-        are many and the bound leaves room to spare): a superset of the exact set."""
+        ``state`` itself needs more than ``tokens``; inside a string where the string's
+        bound leaves no room, no plain string token (in a key being read, no ASCII one);
+        others checked one by one (all where there are many and the bound leaves room to
+        spare): a superset of the exact set."""
         with self._lock:
             found = self._recent.get((state, tokens))
         if found is not None and len(found) <= len(allowed):
@@ -443,11 +449,18 @@ class JsonBound:
         if need > tokens:
             return _EMPTY
         keep = np.ones(len(allowed), dtype=bool)
-        # A value string only: in a key, bytes change which required keys it may be.
-        open_string = snap is not None and snap[0] == _STR and not snap[3] and not snap[4]
-        plain = self.plain[allowed] if open_string else np.zeros(len(allowed), dtype=bool)
-        if need > room:
-            keep[plain] = False
+        # Plain tokens in a value string leave the obligations as they are (kept unless the
+        # string's bound leaves no room); in a key being read an ASCII one only lengthens the
+        # key, so fewer required keys may be the one it becomes: at least the obligations
+        # of ``state`` (ruled out where those leave no room, else checked as the others).
+        plain = np.zeros(len(allowed), dtype=bool)
+        if snap is not None and snap[0] == _STR and not snap[3]:
+            key = snap[4] and snap[2] is not None
+            plain = (self.cover.plain_ascii if key else self.plain)[allowed]
+            if need > room:
+                keep[plain] = False
+            elif key:
+                plain[:] = False
         eos = np.isin(allowed, self.vocab.eos_ids)
         others = np.flatnonzero(~plain & ~eos)
         if len(others) <= 256 or (need >= room - 2 and len(others) <= self.CHECK_LIMIT):
