@@ -378,6 +378,19 @@ def test_the_server_cuts_the_tricky_case_as_the_constraints_do():
             assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
 
 
+def test_the_adaptrack_field_counts_what_generate_counts(toy):
+    url, lm, _ = toy
+    rx = "(a|b|the|cat| )*x"  # AdapTrack crawls here: siblings fetched ahead
+    r = client(url).completions.create(model="toy", prompt="crawl", n=4, seed=3, max_tokens=6,
+                                       extra_body={"guided_regex": rx})
+    ref = at.generate(lm, "crawl", at.constraints.regex(rx), method="adaptrack", n=4, seed=3,
+                      max_new_tokens=6)
+    assert [ch.text for ch in r.choices] == ref.texts
+    s = stats(r)
+    assert s["method"] == "adaptrack" and s["fetched_ahead"] == ref.stats["fetched_ahead"] > 0
+    assert s["backtracks"] == ref.stats["backtracks"] and s["lm_calls"] == ref.stats["lm_calls"]
+
+
 def test_a_reused_tree_gives_the_fresh_samples_with_fewer_model_calls(toy):
     url, lm, _ = toy
     c = client(url)

@@ -382,8 +382,8 @@ class EngineLoop:
         """The ``adaptrack`` field: this request's model calls and counters (a reused
         tree's earlier calls left out), its time in the queue and in all."""
         out: dict[str, Any] = {"method": job.opts.method, "lm_calls": 0, "backtracks": 0,
-                               "restarts": 0, "forced_tokens": 0, "ff_sequences": 0,
-                               "tree_nodes": 0, "trees_reused": job._reused}
+                               "restarts": 0, "fetched_ahead": 0, "forced_tokens": 0,
+                               "ff_sequences": 0, "tree_nodes": 0, "trees_reused": job._reused}
         for call, (calls, forced, chains) in zip(job.calls, job._base, strict=True):
             tree, sampler = call.tree, call.sampler
             out["lm_calls"] += tree.lm_calls - calls
@@ -391,6 +391,7 @@ class EngineLoop:
             out["ff_sequences"] += tree.ff_sequences - chains
             out["backtracks"] += sampler.backtracks
             out["restarts"] += sampler.restarts
+            out["fetched_ahead"] += sampler.fetched
             out["tree_nodes"] += tree.num_nodes
         # Choices the CD fallback drew after the search ran past its budget (not exact).
         n = job.opts.n
