@@ -195,7 +195,7 @@ class PreparedCall:
             width = PARALLEL_WALKS if isinstance(parallel, bool | None) else int(parallel)
         fallback = None
         if self.fallback == "cd":
-            def fallback() -> Method:
+            def fallback() -> ConstrainedDecoding:
                 return ConstrainedDecoding(self.tree, self.sampler.greedy,
                                            tries=FALLBACK_TRIES)
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,

@@ -19,7 +19,8 @@ class FreeTextWarning(UserWarning):
 
 class SearchFallbackWarning(UserWarning):
     """A search ran past a budget and CD drew its missing samples (``fallback="cd"``):
-    those samples follow CD's distribution, not the method's (``Sample.fallback``)."""
+    those samples follow CD from where the search left them, not the method's
+    distribution (``Sample.fallback``)."""
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,9 @@ class Sample:
     under the model at the sampling temperature (T = 1 when ``temperature=0``);
     ``lm_requests``: prefixes whose next-token distribution this sample used, cache hits
     included (the AdapTrack paper's "calls to LM per sample", Table 5); ``fallback``: the
-    search ran past a budget before this sample was drawn, so the fallback drew it (CD's
-    distribution, not the method's; docs/design.md §6).
+    search ran past a budget before this sample was drawn, so the fallback drew it (CD
+    from the root, or from the prefix its walk had reached: not the method's distribution;
+    docs/design.md §6).
     """
 
     tokens: tuple[int, ...]

@@ -208,8 +208,9 @@ def test_a_search_within_its_budget_draws_no_fallback():
 
 
 def test_the_fallback_samples_are_cds():
-    """Past the budget the missing samples follow CD's distribution: on the paper's binary
-    problem CD puts half its mass on 00000, the target 1/17 (docs/design.md §6)."""
+    """Past the budget the missing samples not in flight follow CD's distribution: on the
+    paper's binary problem CD puts half its mass on 00000, the target 1/17 (docs/design.md
+    §6)."""
     lm, c = bits()
     n = 2000
     with pytest.warns(at.SearchFallbackWarning):
@@ -232,6 +233,21 @@ def test_the_fallback_tries_again_past_a_dead_end():
         res = at.generate(lm, [], c, method="exact", n=40, seed=0, max_nodes=2,
                           max_new_tokens=4, end="eos")
     assert all(s.fallback and s.complete and s.text == "b" for s in res.samples)
+
+
+def test_the_fallback_finishes_a_walk_in_flight_from_where_it_had_reached():
+    """A walk that went into "a" when the budget ran out is finished by CD from there
+    ("aaaaaa"), where CD from the root would answer "b" half the time (docs/design.md §6)."""
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    c = at.constraints.choice(["aaaaaa", "b"])
+    drawn = []
+    for seed in range(40):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", at.SearchFallbackWarning)
+            res = at.generate(lm, [], c, method="adaptrack", n=1, seed=seed, max_nodes=4,
+                              max_new_tokens=8, end="eos")
+        drawn += [s.text for s in res.samples if s.fallback]
+    assert len(drawn) >= 10 and set(drawn) == {"aaaaaa"}
 
 
 # --- JSON whitespace -----------------------------------------------------------------------

@@ -6,9 +6,11 @@ dead ends; when it walks into one (a prefix that cannot finish within max_new_to
 returns that prefix as an incomplete sample, as docs/design.md §2 specifies.
 
 As the searches' fallback (docs/design.md §6) it may take ``tries`` walks for one sample:
-a walk that meets a dead end starts again from the root with that prefix masked wherever
-it meets it, and the first complete walk is the sample (the last dead end if none is), so
-that a fallback near the length limit still answers with a text that finishes.
+a walk that meets a dead end starts again with that prefix masked wherever it meets it,
+and the first complete walk is the sample (the last dead end if none is), so that a
+fallback near the length limit still answers with a text that finishes. A sample whose
+search walk was in flight begins where that walk had reached (``start``); past a dead end
+it starts again from the root, as the others do.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from .base import Method, Walk
 from .draw import argmax, draw
-from .tree import PrefixTree
+from .tree import Node, PrefixTree
 
 
 class ConstrainedDecoding(Method):
@@ -38,12 +40,14 @@ class ConstrainedDecoding(Method):
         super().__init__(tree, greedy)
         self.tries = tries
 
-    def walk(self, seen: set[int], rng: np.random.Generator) -> Walk:
+    def walk(self, seen: set[int], rng: np.random.Generator, *,
+             start: Node | None = None) -> Walk:
+        """One sample, from the root or from ``start`` (a prefix, not complete)."""
         root = self.tree.root
         dead: dict[int, set[int]] = {}  # id(prefix) -> tokens after it that met a dead end
         end = root
-        for _ in range(self.tries):
-            node = root
+        for k in range(self.tries):
+            node = start if k == 0 and start is not None else root
             while not node.complete:
                 exp = yield from self.expand(node)
                 self.used(seen, node)

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
 from .base import BARRIER, Method, Prefetch, Walk
+from .cd import ConstrainedDecoding
 from .tree import Node, PrefixTree
 
 
@@ -43,10 +44,11 @@ class Request:
     sample ``i`` as it finishes. ``width`` walks run at once (1: one after another, in
     order). ``error`` is set when the request failed; ``done`` once it is over either way.
 
-    ``fallback`` (docs/design.md §6): a method that draws the samples still missing when
-    the search runs past one of its budgets (a :class:`~adaptrack.SearchLimitError`),
-    from the sample's own random stream, ``fallback_width`` at once; ``fell_back`` then
-    holds that error and ``fallen`` the indices of the samples it drew.
+    ``fallback`` (docs/design.md §6): CD that draws the samples still missing when the
+    search runs past one of its budgets (a :class:`~adaptrack.SearchLimitError`), from the
+    sample's own random stream, ``fallback_width`` at once: a sample whose walk was in
+    flight goes on from the prefix that walk had reached, the others start at the root;
+    ``fell_back`` then holds that error and ``fallen`` the indices of the samples it drew.
     """
 
     tree: PrefixTree
@@ -58,13 +60,16 @@ class Request:
     error: BaseException | None = None
     done: bool = False
     started: int = 0
-    fallback: Callable[[], Method] | None = None
+    fallback: Callable[[], ConstrainedDecoding] | None = None
     fallback_width: int = 1
     fell_back: BaseException | None = None
     fallen: set[int] = field(default_factory=set)
     _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
+    # The fallback's walks, once it took over, and where those of the walks in flight begin.
+    _finish: ConstrainedDecoding | None = None
+    _starts: dict[int, Node] = field(default_factory=dict)
 
 
 # A prefix to expand for a request; True: a chain head whose forced tokens are fed too.
@@ -120,7 +125,7 @@ class Engine:
 
     def submit(self, method: Method, n: int, seed: int | None,
                on_done: Callable[[int, Node, int], None], *, width: int = 1,
-               fallback: Callable[[], Method] | None = None,
+               fallback: Callable[[], ConstrainedDecoding] | None = None,
                fallback_width: int = 1) -> Request:
         """Queue ``n`` samples of ``method``; ``width`` of its walks run at once; a
         ``fallback`` method finishes them if the search runs out of budget (:class:`Request`)."""
@@ -242,7 +247,10 @@ class Engine:
                         req.started += 1
                     seen: set[int] = set()
                     rng = np.random.default_rng(req._streams[i])
-                    req._slots[i] = _Slot(req.method.walk(seen, rng), seen)
+                    start, finish = req._starts.pop(i, None), req._finish
+                    walk = (req.method.walk(seen, rng) if finish is None
+                            else finish.walk(seen, rng, start=start))
+                    req._slots[i] = _Slot(walk, seen)
                     self._resume(req, i)
                 slots = req._slots.values()
                 if slots and all(s.waits is BARRIER for s in slots):
@@ -271,6 +279,8 @@ class Engine:
 
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
         missing = sorted(req._slots) + list(range(req.started, req.n))
+        # Where each walk in flight had reached: the prefix it waits for (its own first).
+        reached = {i: _direct(s.waits)[0] for i, s in req._slots.items() if _direct(s.waits)}
         for slot in req._slots.values():
             slot.walk.close()
         req._slots.clear()
@@ -283,7 +293,8 @@ class Engine:
             tree.max_seconds = None
             tree.max_nodes = max(tree.max_nodes, tree.num_nodes
                                  + len(missing) * method.tries * (tree.max_new_tokens + 1))
-            req.method, req.width = method, req.fallback_width
+            req.method, req._finish, req._starts = method, method, reached
+            req.width = req.fallback_width
             req.fell_back, req.fallen, req._redo = err, set(missing), missing
             req.started = req.n
             return
