@@ -250,6 +250,38 @@ def test_the_fallback_finishes_a_walk_in_flight_from_where_it_had_reached():
     assert len(drawn) >= 10 and set(drawn) == {"aaaaaa"}
 
 
+def test_the_fallback_tries_again_from_where_the_walk_had_reached():
+    """From "a" CD walks into "ab", which cannot finish within 4 tokens, with probability
+    9/10; the fallback tries "a" again with "ab" masked and answers "ac", where a walk from
+    the root would mostly answer "d" (docs/design.md §6)."""
+    from adaptrack.sampling.cd import ConstrainedDecoding
+    from adaptrack.sampling.engine import Engine
+    from adaptrack.sampling.tree import PrefixTree
+
+    table = {(): [1, 0, 0, 9, 1], (0,): [1, 9, 1, 1, 1]}
+    lm = at.TableLM([b"a", b"b", b"c", b"d", b"<eos>"],
+                    lambda prefix: table.get(tuple(prefix), [1] * 5), eos=4)
+    c = at.constraints.choice(["abbbbbb", "ac", "d"])
+
+    class FromA(ConstrainedDecoding):  # a fallback whose search walk had reached "a"
+        def walk(self, seen, rng, *, start=None):
+            yield from self.expand(self.tree.root)
+            reached = self.tree.child(self.tree.root, 0)
+            return (yield from super().walk(seen, rng, start=reached))
+
+    def texts(cls: type[ConstrainedDecoding]) -> tuple[list[bytes], int]:
+        tree = PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=4, end="eos")
+        method, out, engine = cls(tree, greedy=False, tries=4), [], Engine(lm)
+        engine.submit(method, 40, 0, lambda i, node, _: out.append(
+            lm.vocab.decode(list(node.tokens[:-1]))), width=8)
+        engine.run()
+        return out, method.restarts
+
+    reached, restarts = texts(FromA)
+    assert set(reached) == {b"ac"} and restarts >= 20  # "ab" met ~9 times in 10
+    assert texts(ConstrainedDecoding)[0].count(b"d") > 20  # from the root: mostly "d"
+
+
 # --- JSON whitespace -----------------------------------------------------------------------
 
 

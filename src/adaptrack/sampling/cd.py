@@ -9,8 +9,9 @@ As the searches' fallback (docs/design.md §6) it may take ``tries`` walks for o
 a walk that meets a dead end starts again with that prefix masked wherever it meets it,
 and the first complete walk is the sample (the last dead end if none is), so that a
 fallback near the length limit still answers with a text that finishes. A sample whose
-search walk was in flight begins where that walk had reached (``start``); past a dead end
-it starts again from the root, as the others do.
+search walk was in flight begins where that walk had reached (``start``), and past a dead
+end starts there again, ``tries`` walks at most (fewer once every way on from it met one),
+then from the root, as the others do.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ class ConstrainedDecoding(Method):
         """One sample, from the root or from ``start`` (a prefix, not complete)."""
         root = self.tree.root
         dead: dict[int, set[int]] = {}  # id(prefix) -> tokens after it that met a dead end
-        end = root
-        for k in range(self.tries):
-            node = start if k == 0 and start is not None else root
+        begin, end = root if start is None else start, root
+        failed = 0  # walks from begin that met a dead end
+        while failed < self.tries:
+            node = begin
             while not node.complete:
                 exp = yield from self.expand(node)
                 self.used(seen, node)
@@ -66,7 +68,9 @@ class ConstrainedDecoding(Method):
                 break  # every way on from the root met a dead end
             assert node.parent is not None and node.token is not None
             dead.setdefault(id(node.parent), set()).add(node.token)
-            end = node
+            end, failed = node, failed + 1
             self.restarts += 1
+            if begin is not root and (node is begin or failed == self.tries):
+                begin, failed = root, 0  # the prefix reached is spent: the root's tries
         return end
 

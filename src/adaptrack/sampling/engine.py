@@ -287,12 +287,14 @@ class Engine:
         if (fall_back and req.fallback is not None and req.fell_back is None
                 and isinstance(err, SearchLimitError)
                 and not isinstance(err, CheckTimeoutError)):
-            # The fallback draws at most max_new_tokens prefixes a walk: its own bound,
-            # so the search's budgets, spent, no longer apply to the tree.
+            # The fallback draws at most max_new_tokens prefixes a walk, ``tries`` walks (and
+            # as many more from where a walk in flight had reached): its own bound, so the
+            # search's budgets, spent, no longer apply to the tree.
             tree, method = req.tree, req.fallback()
+            walks = (len(missing) + len(reached)) * method.tries
             tree.max_seconds = None
-            tree.max_nodes = max(tree.max_nodes, tree.num_nodes
-                                 + len(missing) * method.tries * (tree.max_new_tokens + 1))
+            tree.max_nodes = max(tree.max_nodes,
+                                 tree.num_nodes + walks * (tree.max_new_tokens + 1))
             req.method, req._finish, req._starts = method, method, reached
             req.width = req.fallback_width
             req.fell_back, req.fallen, req._redo = err, set(missing), missing
