@@ -162,8 +162,8 @@ def generate(
     ``fallback`` (docs/design.md §6): when ``asap``, ``adaptrack`` or ``exact`` runs past
     ``max_nodes``, ``max_opened_bytes`` or ``max_seconds``, ``"cd"`` (the default) draws
     the samples still missing by CD over the same tree, each from its own random stream
-    (a sample whose walk was in flight from the prefix that walk had reached, the others
-    from the root); they are marked ``Sample.fallback`` (not the method's distribution:
+    (a sample whose walk was in flight goes on from the prefix that walk had reached, the
+    others start at the root); they are marked ``Sample.fallback`` (not the method's distribution:
     CD's, from where the search left them), counted in
     ``stats["fallback_samples"]``, the result's ``fallback`` names the budget, and
     ``generate`` warns (:class:`SearchFallbackWarning`). ``None`` raises the budget's

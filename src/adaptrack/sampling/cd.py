@@ -46,8 +46,8 @@ class ConstrainedDecoding(Method):
         """One sample, from the root or from ``start`` (a prefix, not complete)."""
         root = self.tree.root
         dead: dict[int, set[int]] = {}  # id(prefix) -> tokens after it that met a dead end
-        begin, end = root if start is None else start, root
-        failed = 0  # walks from begin that met a dead end
+        begin = root if start is None else start
+        end, failed = root, 0  # the last dead end; walks from begin that met one
         while failed < self.tries:
             node = begin
             while not node.complete:
