@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -67,8 +68,7 @@ class Request:
     _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
-    # The fallback's walks, once it took over, and where those of the walks in flight begin.
-    _finish: ConstrainedDecoding | None = None
+    # Once the fallback took over: where the walks that were in flight begin again.
     _starts: dict[int, Node] = field(default_factory=dict)
 
 
@@ -247,9 +247,9 @@ class Engine:
                         req.started += 1
                     seen: set[int] = set()
                     rng = np.random.default_rng(req._streams[i])
-                    start, finish = req._starts.pop(i, None), req._finish
-                    walk = (req.method.walk(seen, rng) if finish is None
-                            else finish.walk(seen, rng, start=start))
+                    start = req._starts.pop(i, None)  # only the fallback's CD has starts
+                    walk = (req.method.walk(seen, rng) if start is None else
+                            cast(ConstrainedDecoding, req.method).walk(seen, rng, start=start))
                     req._slots[i] = _Slot(walk, seen)
                     self._resume(req, i)
                 slots = req._slots.values()
@@ -280,7 +280,7 @@ class Engine:
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
         missing = sorted(req._slots) + list(range(req.started, req.n))
         # Where each walk in flight had reached: the prefix it waits for (its own first).
-        reached = {i: _direct(s.waits)[0] for i, s in req._slots.items() if _direct(s.waits)}
+        reached = {i: nodes[0] for i, s in req._slots.items() if (nodes := _direct(s.waits))}
         for slot in req._slots.values():
             slot.walk.close()
         req._slots.clear()
@@ -295,7 +295,7 @@ class Engine:
             tree.max_seconds = None
             tree.max_nodes = max(tree.max_nodes,
                                  tree.num_nodes + walks * (tree.max_new_tokens + 1))
-            req.method, req._finish, req._starts = method, method, reached
+            req.method, req._starts = method, reached
             req.width = req.fallback_width
             req.fell_back, req.fallen, req._redo = err, set(missing), missing
             req.started = req.n
