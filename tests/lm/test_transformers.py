@@ -229,6 +229,40 @@ def test_reuse_feeds_only_new_tokens(tiny):
     assert lm.forward_calls == 3
 
 
+def test_a_pass_out_of_device_memory_drops_the_kept_states_and_runs_again(tiny, monkeypatch):
+    """Processes that share a GPU each keep KV states there: the one whose allocation fails
+    frees its states and goes on (the states are a cache, so the log-probs are a fresh
+    forward's); a pass that fails with none kept is a BackendError that says what to lower."""
+    model, tok = tiny
+    lm = TransformersLM(model, tok)
+    prompt = tuple(range(10, 30))
+    lm.next_logprobs([prompt])
+    real, kept_when_failing = lm._forward, []
+
+    def forward(prefixes, outputs=None):
+        if not kept_when_failing:
+            kept_when_failing.append(lm.kv_cache_bytes_used)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+        return real(prefixes, outputs)
+
+    monkeypatch.setattr(lm, "_forward", forward)
+    row = lm.next_logprobs([(*prompt, 5)])[0]
+    assert kept_when_failing[0] > 0
+    assert lm.fed_tokens == 20 + 21  # the retry found no state to start from
+    assert float(np.abs(row - fresh(model, [*prompt, 5])).max()) < 1e-4
+    assert lm.next_logprobs([(*prompt, 5, 6)]) is not None and lm.fed_tokens == 20 + 21 + 1
+
+    def out_of_memory(prefixes, outputs=None):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB.\nmore")
+
+    monkeypatch.setattr(lm, "_forward", out_of_memory)
+    with pytest.raises(at.BackendError, match=r"ran out of cpu memory in a pass of 2 rows with "
+                       r"no KV state kept \(CUDA out of memory\. Tried to allocate 9\.00 GiB\.\); "
+                       r"load the model with a smaller max_batch"):
+        lm.next_logprobs([prompt, (*prompt, 7)])
+    assert lm.kv_cache_bytes_used == 0
+
+
 def test_common_prefix():
     assert common_prefix((1, 2, 3), (1, 2, 4)) == 2
     assert common_prefix((1, 2), (1, 2, 4)) == 2

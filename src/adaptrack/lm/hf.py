@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import LRU
+from ..errors import BackendError
 from ..tokenization.vocab import Vocabulary
 from .base import LanguageModel, Prefix, common_prefix
 from .kv import KVState, batched_cache, owned, pad_groups
@@ -197,9 +198,7 @@ class TransformersLM(LanguageModel):
         order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
         for start in range(0, len(order), self.max_batch):
             rows = order[start:start + self.max_batch]
-            with torch.inference_mode():
-                logprobs = self._forward([tuple(prefixes[i]) for i in rows])
-            out[rows] = logprobs
+            out[rows] = self._within_memory([tuple(prefixes[i]) for i in rows])
         self._trim()
         return out
 
@@ -211,11 +210,33 @@ class TransformersLM(LanguageModel):
         for start in range(0, len(requests), self.max_batch):
             chunk = requests[start:start + self.max_batch]
             outputs = [len(toks) + 1 for _, toks in chunk]
-            with torch.inference_mode():
-                rows = self._forward([p + toks for p, toks in chunk], outputs)
+            rows = self._within_memory([p + toks for p, toks in chunk], outputs)
             out += np.split(rows, np.cumsum(outputs)[:-1])
         self._trim()
         return out
+
+    def _within_memory(self, prefixes: list[Prefix], outputs: list[int] | None = None
+                       ) -> np.ndarray:
+        """:meth:`_forward`; where the device runs out of memory, once more with no KV state
+        kept (the states are a cache: dropping them changes no log-prob beyond float
+        rounding), then a :class:`BackendError` that says what to lower. Processes that
+        share a GPU (evaluation workers) each keep up to ``kv_cache_bytes`` there, so the
+        one whose allocation fails frees its states and goes on."""
+        for _ in range(2):
+            try:
+                with torch.inference_mode():
+                    return self._forward(prefixes, outputs)
+            except torch.cuda.OutOfMemoryError as err:
+                message = str(err).splitlines()[0] if str(err) else "out of memory"
+                # Out of the handler first: its traceback holds the failed pass's tensors.
+            self.clear_cache()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        raise BackendError(
+            f"transformers ran out of {self.device} memory in a pass of {len(prefixes)} "
+            f"rows with no KV state kept ({message}); load the model with a smaller "
+            "max_batch or pass_kv_bytes, share the device among fewer processes (adaptrack "
+            "eval --workers), or use a smaller dtype")
 
     def _trim(self) -> None:
         """Once ``TRIM_BYTES`` of KV tensors were freed and ``TRIM_SECONDS`` passed, hand the
