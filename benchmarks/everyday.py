@@ -177,7 +177,8 @@ def crossing(lm: at.LanguageModel, prompt: str | list[int], constraint: Any,
 
 def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str, end: str,
         max_seconds: float | None, chat: Any, seed: int = 0,
-        max_nodes: int = 100_000) -> dict[str, Any]:
+        max_nodes: int = 100_000, search_budget: float | None = at.SEARCH_BUDGET
+        ) -> dict[str, Any]:
     method, options = METHODS[label]
     prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
     started, cpu = time.perf_counter(), time.process_time()
@@ -186,7 +187,8 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
         try:
             res = at.generate(lm, prompt, req.constraint(whitespace), method=method, n=n, seed=seed,
                               max_new_tokens=req.max_new_tokens, max_seconds=max_seconds,
-                              max_nodes=max_nodes, end=end, **options)
+                              max_nodes=max_nodes, search_budget=search_budget, end=end,
+                              **options)
         except at.AdaptrackError as err:
             return {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
                     "error": type(err).__name__}
@@ -231,6 +233,9 @@ def main() -> None:
                         help="a search's budget in prefixes of its tree (those it asked the "
                              "model about and those the constraint ruled out without a "
                              "call): unlike time, the same on any machine and load")
+    parser.add_argument("--search-budget", type=float, default=at.SEARCH_BUDGET,
+                        help="a search's model calls as a multiple of n x max_new_tokens "
+                             f"(0: none; default: the library's, {at.SEARCH_BUDGET:g})")
     parser.add_argument("--only", default=None, help="requests whose name contains this")
     parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
                         help="requests of this kind only")
@@ -260,6 +265,7 @@ def main() -> None:
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
           f"end: {args.end}; max_seconds: {args.max_seconds:g}; max_nodes: {args.max_nodes}; "
+          f"search_budget: {args.search_budget:g}; "
           f"seeds: {args.seeds}\n")
     # One-off costs (the canonical tokenizer of fast-forward, llguidance's view of the
     # vocabulary) are paid here, not by the first request's cd.
@@ -281,7 +287,8 @@ def main() -> None:
             at.generate(lm, chat([{"role": "user", "content": req.prompt}]) if req.chat
                         else req.prompt, None, method="unconstrained", max_new_tokens=1)
             got = {m: pooled([run(lm, req, n, m, args.json_whitespace, args.end,
-                                      args.max_seconds or None, chat, seed, args.max_nodes)
+                                      args.max_seconds or None, chat, seed, args.max_nodes,
+                                      args.search_budget or None)
                               for seed in seeds])
                    for m in labels}
             base = got["cd"]["cpu"]

@@ -13,6 +13,7 @@ from . import constraints, metrics
 from .errors import (
     AdaptrackError,
     BackendError,
+    CallLimitError,
     CheckTimeoutError,
     GrammarError,
     ModelLoadError,
@@ -27,6 +28,7 @@ from .errors import (
 from .generate import (
     MAX_SECONDS,
     METHODS,
+    SEARCH_BUDGET,
     FreeTextWarning,
     GenerationResult,
     Sample,
@@ -46,8 +48,10 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_SECONDS",
     "METHODS",
+    "SEARCH_BUDGET",
     "AdaptrackError",
     "BackendError",
+    "CallLimitError",
     "CheckTimeoutError",
     "FastForward",
     "FreeTextWarning",

@@ -131,7 +131,8 @@ def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
     return PrefixTree(lm, ids, walker, temperature=o.temperature, top_p=o.top_p,
                       max_new_tokens=o.max_new_tokens, max_nodes=o.max_nodes,
                       max_cache_bytes=o.max_cache_bytes, max_opened_bytes=o.max_opened_bytes,
-                      max_seconds=o.max_seconds, restrict_length=not unconstrained,
+                      max_seconds=o.max_seconds, max_calls=o.max_calls,
+                      restrict_length=not unconstrained,
                       allow_truncated=o.allow_truncated,
                       fast_forward=None if unconstrained else o.chains(),
                       end="eos" if unconstrained else o.end)
@@ -252,9 +253,9 @@ class PreparedCall:
         ``adaptrack.serve``; a tree whose length rule differs is a ``ValueError``).
         Its expansions are reused; the method starts afresh on it (its own Q, counters and
         random streams), so a seed gives the samples a fresh tree gives. The budgets stay
-        this call's: time counts from this call's start, nodes and opened bytes from what
-        the tree already holds. ``result()``'s tree counters then include the earlier
-        calls'."""
+        this call's: time counts from this call's start, nodes, opened bytes and model calls
+        from what the tree already holds. ``result()``'s tree counters then include the
+        earlier calls'."""
         own = self.tree
         if (tree.allow_truncated, tree.restrict_length, tree.leave) != (
                 own.allow_truncated, own.restrict_length, own.leave):
@@ -263,6 +264,7 @@ class PreparedCall:
                              "new one")
         tree.started, tree.max_seconds = own.started, own.max_seconds
         tree.max_nodes = tree.num_nodes + own.max_nodes
+        tree.max_calls = None if own.max_calls is None else tree.lm_calls + own.max_calls
         tree.max_opened_bytes = tree.opened_bytes + own.max_opened_bytes
         self.tree = tree
         self.sampler = _sampler(tree, self.options)

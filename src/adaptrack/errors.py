@@ -39,6 +39,11 @@ class TreeLimitError(SearchLimitError):
     tables hold grew past ``max_opened_bytes``."""
 
 
+class CallLimitError(SearchLimitError):
+    """A search made its budget of model calls (``search_budget`` x n x
+    ``max_new_tokens``)."""
+
+
 class SearchTimeoutError(SearchLimitError):
     """Sampling ran past its time budget (``max_seconds``)."""
 

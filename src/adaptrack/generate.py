@@ -20,6 +20,7 @@ from .options import (
     MAX_SECONDS,
     METHODS,
     PARALLEL_WALKS,
+    SEARCH_BUDGET,
     SEARCHES,
     SamplingOptions,
     check_int,
@@ -32,6 +33,7 @@ from .sampling.tree import PrefixTree
 
 __all__ = [
     "FALLBACKS", "MAX_N", "MAX_SECONDS", "METHODS", "PARALLEL_WALKS", "SEARCHES",
+    "SEARCH_BUDGET",
     "FreeTextWarning", "GenerationResult", "PreparedCall", "Sample", "SamplingOptions",
     "SearchFallbackWarning", "exact_distribution", "generate", "generate_each", "prepare",
 ]
@@ -73,6 +75,7 @@ def generate(
     max_cache_bytes: int = 1 << 30,
     max_opened_bytes: int = 1 << 30,
     max_seconds: float | None = MAX_SECONDS,
+    search_budget: float | None = SEARCH_BUDGET,
     truncate_prompt: bool = False,
     allow_truncated: bool = False,
     batch_size: int = 32,
@@ -150,7 +153,12 @@ def generate(
     for the expansions the search holds (``TreeLimitError``; ``max_cache_bytes`` bounds the
     others, which are dropped and recomputed, results unchanged); ``max_seconds`` (default
     ``MAX_SECONDS`` = 600 s, ``None`` for no limit) of sampling per prompt, counted from the
-    call's start (``SearchTimeoutError``). Refused before any model work: a prompt that with
+    call's start (``SearchTimeoutError``); ``search_budget`` (default ``SEARCH_BUDGET`` = 3,
+    ``None`` for no limit): ``asap``, ``adaptrack`` and ``exact`` make at most that many
+    times ``n`` x ``max_new_tokens`` model calls (at least 64 tokens counted a sample), the
+    most CD makes, so that with the fallback below a request costs a bounded multiple of
+    CD's worst case (``CallLimitError``).
+    Refused before any model work: a prompt that with
     ``max_new_tokens`` exceeds the model's ``context_length`` (``PromptTooLongError``, or
     with ``truncate_prompt=True`` the prompt keeps its last ``context_length -
     max_new_tokens`` tokens), and, for ``asap``, ``adaptrack`` and ``exact``, a constraint
@@ -160,7 +168,8 @@ def generate(
     ``method="unconstrained"`` is for free text.
 
     ``fallback`` (docs/design.md §6): when ``asap``, ``adaptrack`` or ``exact`` runs past
-    ``max_nodes``, ``max_opened_bytes`` or ``max_seconds``, ``"cd"`` (the default) draws
+    ``max_nodes``, ``max_opened_bytes``, ``search_budget`` or ``max_seconds``, ``"cd"``
+    (the default) draws
     the samples still missing by CD over the same tree, each from its own random stream
     (a sample whose walk was in flight goes on from the prefix that walk had reached, the
     others start at the root); they are marked ``Sample.fallback`` (not the method's distribution:
@@ -203,8 +212,9 @@ def generate(
         max_backtrack=max_backtrack, min_backtrack_prob=min_backtrack_prob,
         max_nodes=max_nodes, max_cache_bytes=max_cache_bytes,
         max_opened_bytes=max_opened_bytes, max_seconds=max_seconds,
-        truncate_prompt=truncate_prompt, allow_truncated=allow_truncated, parallel=parallel,
-        end=end, fallback=fallback), "generate")
+        search_budget=search_budget, truncate_prompt=truncate_prompt,
+        allow_truncated=allow_truncated, parallel=parallel, end=end, fallback=fallback),
+        "generate")
     many = _many(prompt)
     prompts = list(prompt) if many else [prompt]
     outcomes = _serve(lm, [(p, constraint, opts, on_sample) for p in prompts], batch_size,

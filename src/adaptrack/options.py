@@ -65,6 +65,16 @@ PARALLEL_WALKS = 32
 #: search that cannot succeed stops within minutes with ``SearchTimeoutError``.
 MAX_SECONDS = 600.0
 
+#: The default model-call budget of a search (asap, adaptrack, exact), as a multiple of the
+#: calls CD makes at most, n x max_new_tokens (counting at least SEARCH_TOKENS tokens a
+#: sample): past it the CD fallback draws the samples still missing, so a request costs a
+#: bounded multiple of CD's worst case (docs/design.md §6; measured in docs/benchmarks.md,
+#: "a budget of model calls").
+SEARCH_BUDGET = 3.0
+#: A short request's budget counts this many tokens a sample (the default max_new_tokens):
+#: calls that few are cheap, and an exact sample of a regex or a small JSON object needs tens
+#: to a few hundred.
+SEARCH_TOKENS = 64
 #: More samples than this in one call is refused: each one is kept in memory until the end.
 MAX_N = 10_000_000
 
@@ -101,14 +111,19 @@ def check_flag(name: str, value: Any) -> bool:
     return value
 
 
-def check_seconds(max_seconds: Any) -> float | None:
-    """A time budget: a number > 0, None or ``inf`` for no limit (both give None)."""
-    if max_seconds is None:
+def check_limit(name: str, value: Any) -> float | None:
+    """A budget (``max_seconds``, ``search_budget``): a number > 0, None or ``inf`` for no
+    limit (both give None).
+
+    >>> check_limit("max_seconds", float("inf")) is None, check_limit("search_budget", 2)
+    (True, 2.0)
+    """
+    if value is None:
         return None
-    seconds = check_real("max_seconds", max_seconds)
-    if not seconds > 0:  # also refuses nan; inf means no limit
-        raise ValueError(f"max_seconds must be > 0 or None (no limit), got {max_seconds}")
-    return None if math.isinf(seconds) else seconds
+    limit = check_real(name, value)
+    if not limit > 0:  # also refuses nan; inf means no limit
+        raise ValueError(f"{name} must be > 0 or None (no limit), got {value}")
+    return None if math.isinf(limit) else limit
 
 
 @dataclass(frozen=True)
@@ -140,7 +155,8 @@ class SamplingOptions:
     length (``max_new_tokens``, ``truncate_prompt``, ``allow_truncated``, ``end``),
     fast-forward, AdapTrack's options, the walks in flight (``parallel``) and the budgets
     with their ``fallback`` (docs/design.md §6). :func:`adaptrack.generate` documents each
-    option. Numbers are stored as ``int`` and ``float``, ``max_seconds=inf`` as None.
+    option. Numbers are stored as ``int`` and ``float``, ``max_seconds=inf`` and
+    ``search_budget=inf`` as None.
 
     >>> SamplingOptions(n=2.0)
     Traceback (most recent call last):
@@ -215,6 +231,11 @@ class SamplingOptions:
         f"time budget of the search in seconds, 'inf' for none (default: {MAX_SECONDS:g}); "
         "past it the command stops with an error after printing the finished samples",
         metavar="S"))
+    search_budget: float | None = field(default=SEARCH_BUDGET, metadata=_flag(
+        "--search-budget", "seconds",
+        "budget: model calls a search (asap, adaptrack, exact) may make, as a multiple of "
+        f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes; 'inf' for none "
+        f"(default: {SEARCH_BUDGET:g})", metavar="K"))
     fallback: str | None = field(default="cd", metadata=_flag(
         "--fallback", "choice",
         "when a search (asap, adaptrack, exact) runs past a budget: 'cd' draws the missing "
@@ -252,7 +273,8 @@ class SamplingOptions:
             raise ValueError(f"min_backtrack_prob must be in [0, 1], got "
                              f"{self.min_backtrack_prob}")
         self._set("min_backtrack_prob", share)
-        self._set("max_seconds", check_seconds(self.max_seconds))
+        for name in ("max_seconds", "search_budget"):
+            self._set(name, check_limit(name, getattr(self, name)))
         self._check_choices()
 
     def _check_choices(self) -> None:
@@ -288,6 +310,24 @@ class SamplingOptions:
     def greedy(self) -> bool:
         """Temperature 0: each step takes the likeliest valid token."""
         return self.temperature == 0
+
+    @property
+    def max_calls(self) -> int | None:
+        """The model calls a search may make: ``search_budget`` x n x ``max_new_tokens``,
+        the tokens counted as at least :data:`SEARCH_TOKENS`; None for the other methods,
+        which never search, or without a budget.
+
+        >>> SamplingOptions(n=2, max_new_tokens=100, search_budget=3).max_calls
+        600
+        >>> SamplingOptions(max_new_tokens=10).max_calls   # 3 x 64: a short request
+        192
+        >>> SamplingOptions(method="cd").max_calls is None
+        True
+        """
+        if self.method not in SEARCHES or self.search_budget is None:
+            return None
+        tokens = max(self.max_new_tokens, SEARCH_TOKENS)
+        return max(1, math.ceil(self.search_budget * self.n * tokens))
 
     @property
     def search_fallback(self) -> str | None:

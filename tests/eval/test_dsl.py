@@ -42,6 +42,9 @@ def test_study_on_an_exact_model(tmp_path: Path) -> None:
     task = dsl.DslTask(n=300, data=str(_data(tmp_path)), datasets=("cp", "binary"),
                        methods=("cd", "adaptrack", "exact"), max_new_tokens=8)
     task._lm = _uniform_bits()
+    # The paper's searches: the eos target, no budget of model calls, no CD fallback.
+    options = task.options("binary_1", "exact")
+    assert (options["end"], options["search_budget"], options["fallback"]) == ("eos", None, None)
     assert [j["key"] for j in task.jobs()] == [
         "cp_1/cd", "cp_1/adaptrack", "cp_1/exact",
         "binary_1/target", "binary_1/cd", "binary_1/adaptrack", "binary_1/exact"]

@@ -198,6 +198,45 @@ def test_fallback_none_raises_the_budget_with_the_finished_samples():
         at.generate(lm, [], c, fallback="greedy")
 
 
+@pytest.mark.parametrize("method", ["asap", "adaptrack", "exact"])
+def test_a_search_makes_at_most_its_budget_of_model_calls_then_cd_finishes(method):
+    """``search_budget`` x n x max_new_tokens model calls (the tokens counted as at least
+    64), then the fallback: the request's calls are the search's and at most
+    max_new_tokens a CD walk past them (docs/design.md §6). Under the *eos* target the
+    binary problem's searches need every prefix (31)."""
+    lm, c = bits()
+    with pytest.warns(at.SearchFallbackWarning, match="drawn by CD"):
+        res = at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6,
+                          end="eos", search_budget=0.02)
+    budget = math.ceil(0.02 * 4 * 64)
+    fell = sum(s.fallback for s in res.samples)
+    assert fell and all(s.valid for s in res.samples)
+    assert f"max_calls={budget} (search_budget x n x max_new_tokens" in res.fallback
+    assert res.stats["lm_calls"] <= budget + fell * 6
+    with pytest.raises(at.CallLimitError, match=f"max_calls={budget}") as err:
+        at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6, end="eos",
+                    search_budget=0.02, fallback=None)
+    assert not any(s.fallback for s in err.value.partial.samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for budget_ in (None, float("inf"), at.SEARCH_BUDGET):
+            res = at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6,
+                              end="eos", search_budget=budget_)
+            assert res.fallback is None
+    # CD never searches: no call budget, however small.
+    assert at.generate(lm, [], c, method="cd", n=4, seed=0, max_new_tokens=6,
+                       search_budget=0.01).fallback is None
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-1.0, ValueError),
+                                        (float("nan"), ValueError), ("3", TypeError),
+                                        (True, TypeError)])
+def test_a_bad_search_budget_is_refused_by_name(bad, error):
+    lm, c = bits()
+    with pytest.raises(error, match="search_budget"):
+        at.generate(lm, [], c, search_budget=bad)
+
+
 def test_a_search_within_its_budget_draws_no_fallback():
     lm, c = bits()
     with warnings.catch_warnings():

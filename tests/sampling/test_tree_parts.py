@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import adaptrack as at
-from adaptrack.errors import SearchTimeoutError, TreeLimitError
+from adaptrack.errors import CallLimitError, SearchTimeoutError, TreeLimitError
 from adaptrack.sampling.budgets import Budgets
 from adaptrack.sampling.chains import Chains
 from adaptrack.sampling.expander import Expander
@@ -55,6 +55,17 @@ def test_budgets_raise_at_their_limits_and_name_them():
     b.max_seconds, b.started = 5.0, time.monotonic() - 60  # started a minute ago
     with pytest.raises(SearchTimeoutError, match=r"max_seconds=5 .*7 prefixes, 2 model calls"):
         b.check_time(nodes=7, calls=2)
+
+
+def test_the_call_budget_stops_before_the_call_past_it():
+    b = Budgets(max_nodes=100, max_opened_bytes=100, max_seconds=None, max_calls=3)
+    b.check_time(nodes=9, calls=2)
+    with pytest.raises(CallLimitError, match=r"made 3 model calls, its budget max_calls=3 "
+                       r"\(search_budget x n x max_new_tokens; 9 prefixes\); raise "
+                       r"search_budget"):
+        b.check_time(nodes=9, calls=3)
+    b.max_calls = None  # the fallback lifts it
+    b.check_time(nodes=9, calls=10**6)
 
 
 def test_the_trees_budget_names_set_its_budgets():

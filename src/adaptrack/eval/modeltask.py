@@ -95,9 +95,10 @@ class ModelTask:
 
 
 #: What every evaluation task asks of ``generate`` unless it says otherwise: the AdapTrack
-#: paper's target (a text ends only at EOS) and a search past its budget scored as a miss,
-#: never finished by the CD fallback (docs/design.md §2, §6).
-PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "fallback": None}
+#: paper's target (a text ends only at EOS), no budget of model calls (the paper's searches
+#: have none; a task bounds them by ``max_seconds``) and a search past its budget scored as
+#: a miss, never finished by the CD fallback (docs/design.md §2, §6).
+PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "search_budget": None, "fallback": None}
 
 
 def check_study(study: str, n: int, most: int, temperature: float) -> None:

@@ -1,17 +1,19 @@
 """The budgets of one search (docs/design.md §6): prefixes, the bytes of the expansions the
-algorithms hold, and time; each with the error that names it and says how to fix it."""
+algorithms hold, model calls and time; each with the error that names it and says how to
+fix it."""
 
 from __future__ import annotations
 
 import time
 
-from ..errors import SearchTimeoutError, TreeLimitError
+from ..errors import CallLimitError, SearchTimeoutError, TreeLimitError
 
 
 class Budgets:
     """The limits of one prefix tree: ``max_nodes`` prefixes, ``max_opened_bytes`` of opened
-    expansions (``TreeLimitError`` past either) and ``max_seconds`` from ``started`` (None:
-    no limit; ``SearchTimeoutError``). Each check takes the tree's counts, for the message.
+    expansions (``TreeLimitError`` past either), ``max_calls`` model calls
+    (``CallLimitError``) and ``max_seconds`` from ``started`` (``SearchTimeoutError``); None:
+    no limit. Each check takes the tree's counts, for the message.
 
     Mutable: a tree reused by a later call gets that call's budgets on top of what it holds
     (``PreparedCall.use_tree``), and the engine lifts them for a fallback.
@@ -25,16 +27,22 @@ class Budgets:
     the prefix tree reached max_nodes=2; r
     """
 
-    __slots__ = ("max_nodes", "max_opened_bytes", "max_seconds", "started")
+    __slots__ = ("max_calls", "max_nodes", "max_opened_bytes", "max_seconds", "started")
 
     def __init__(self, *, max_nodes: int, max_opened_bytes: int,
-                 max_seconds: float | None) -> None:
+                 max_seconds: float | None, max_calls: int | None = None) -> None:
         self.max_nodes, self.max_opened_bytes = max_nodes, max_opened_bytes
-        self.max_seconds = max_seconds
+        self.max_seconds, self.max_calls = max_seconds, max_calls
         self.started = time.monotonic()
 
     def check_time(self, nodes: int, calls: int) -> None:
-        """Raise ``SearchTimeoutError`` once ``max_seconds`` have passed since ``started``."""
+        """Before a model call: raise ``CallLimitError`` once ``max_calls`` calls were made,
+        ``SearchTimeoutError`` once ``max_seconds`` have passed since ``started``."""
+        if self.max_calls is not None and calls >= self.max_calls:
+            raise CallLimitError(
+                f"the search made {calls} model calls, its budget max_calls={self.max_calls} "
+                f"(search_budget x n x max_new_tokens; {nodes} prefixes); raise "
+                "search_budget (None for no limit)")
         if self.max_seconds is None:
             return
         spent = time.monotonic() - self.started

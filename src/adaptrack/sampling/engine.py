@@ -292,7 +292,7 @@ class Engine:
             # search's budgets, spent, no longer apply to the tree.
             tree, method = req.tree, req.fallback()
             walks = (len(missing) + len(reached)) * method.tries
-            tree.max_seconds = None
+            tree.max_seconds = tree.max_calls = None
             tree.max_nodes = max(tree.max_nodes,
                                  tree.num_nodes + walks * (tree.max_new_tokens + 1))
             req.method, req._starts = method, reached

@@ -77,6 +77,7 @@ class PrefixTree:
         max_cache_bytes: int = 1 << 30,
         max_opened_bytes: int = 1 << 30,
         max_seconds: float | None = None,
+        max_calls: int | None = None,
         restrict_length: bool = True,
         allow_truncated: bool = False,
         fast_forward: FastForward | None = None,
@@ -93,7 +94,7 @@ class PrefixTree:
         self.restrict_length = restrict_length and not allow_truncated
         self.lm_calls = 0
         self.budgets = Budgets(max_nodes=max_nodes, max_opened_bytes=max_opened_bytes,
-                               max_seconds=max_seconds)
+                               max_seconds=max_seconds, max_calls=max_calls)
         start = matcher.start()
         self.root = Node(None, None, start, matcher.is_complete(start), 0.0)
         self.nodes = NodeStore(self.root, max_cache_bytes)
@@ -170,6 +171,14 @@ class PrefixTree:
         self.budgets.max_seconds = value
 
     @property
+    def max_calls(self) -> int | None:
+        return self.budgets.max_calls
+
+    @max_calls.setter
+    def max_calls(self, value: int | None) -> None:
+        self.budgets.max_calls = value
+
+    @property
     def started(self) -> float:
         """When ``max_seconds`` started counting (``time.monotonic``)."""
         return self.budgets.started
@@ -179,7 +188,8 @@ class PrefixTree:
         self.budgets.started = value
 
     def check_time(self) -> None:
-        """Raise ``SearchTimeoutError`` once ``max_seconds`` have passed."""
+        """Before a model call: raise ``CallLimitError`` once ``max_calls`` were made,
+        ``SearchTimeoutError`` once ``max_seconds`` have passed."""
         self.budgets.check_time(self.nodes.count, self.lm_calls)
 
     def expand(self, node: Node) -> Expansion:
