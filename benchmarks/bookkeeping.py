@@ -271,7 +271,7 @@ def run_row(lm: BenchLM, constraint: at.constraints.Constraint | None, row: Row,
     options = {"share_q": True} if row.share_q else {}
     t0 = time.perf_counter()
     res = at.generate(lm, [], constraint, row.method, n=n, temperature=1.0,
-                      max_new_tokens=MAX_NEW_TOKENS, seed=seed, **options)
+                      max_new_tokens=MAX_NEW_TOKENS, seed=seed, **options, search_budget=None)
     total = time.perf_counter() - t0
     s = res.stats
     return Result(row, n, sum(len(x.tokens) for x in res.samples), total, lm.model_s,

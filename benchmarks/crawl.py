@@ -72,7 +72,8 @@ def run(lm: Any, req: everyday.Request, seed: int, opened: int, rows: int) -> di
     cpu = time.process_time()
     try:
         at.generate(lm, prompt, req.constraint("default"), method="adaptrack", n=1,
-                    seed=seed, max_new_tokens=req.max_new_tokens, max_seconds=None)
+                    seed=seed, max_new_tokens=req.max_new_tokens, max_seconds=None,
+                    search_budget=None)
         ended = "finished"
     except _Stop:
         ended = "budget"

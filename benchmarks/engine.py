@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             def one(parallel: bool, method: str = method,
                     extra: dict[str, Any] = extra) -> list[at.GenerationResult]:
                 return [at.generate(lm, FIGURE3_PROMPT, constraint, method=method,
-                                    parallel=parallel, **extra, **options)]
+                                    parallel=parallel, **extra, **options, search_budget=None)]
 
             seq, par, seq_s, par_s = compare(lm, lambda one=one: one(False),
                                              lambda one=one: one(True), args.repeat, label)

@@ -56,7 +56,7 @@ def run(lm: at.LanguageModel, constraint: at.constraints.Constraint, method: str
     lm.clear_cache()
     started = time.perf_counter()
     res = at.generate(lm, PROMPT, constraint, method=method, n=args.n, seed=seed,
-                      max_new_tokens=args.max_new_tokens, fast_forward=ff)
+                      max_new_tokens=args.max_new_tokens, fast_forward=ff, search_budget=None)
     return res, time.perf_counter() - started
 
 

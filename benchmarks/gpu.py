@@ -253,7 +253,7 @@ def section_methods(lm: TransformersLM, s: Scale, hf_rate: float) -> None:
                     return at.generate(lm, prompt, c, method=method, n=s.n, seed=0,
                                        max_new_tokens=s.method_tokens,
                                        max_seconds=None if method == "cd" else s.max_seconds,
-                                       **options)
+                                       **options, search_budget=None)
                 except at.SearchLimitError as err:  # random weights: see the docstring
                     return err.partial
             res, run = measure(lm, sample)

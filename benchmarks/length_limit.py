@@ -47,7 +47,7 @@ def main() -> None:
                     warnings.simplefilter("ignore")
                     res = at.generate(lm, "A person as JSON: ", c, method=method, n=1,
                                       seed=seed, max_new_tokens=tokens,
-                                      max_seconds=args.max_seconds)
+                                      max_seconds=args.max_seconds, search_budget=None)
                 text = res.texts[0].replace("\n", "\\n").replace("|", "\\|")
                 print(f"| {tokens} | {method} | {seed} | {time.process_time() - cpu:.1f} | "
                       f"{res.stats['lm_calls']} | {res.stats['fallback_samples']} | "

@@ -285,7 +285,7 @@ def gen(lm: Any, prompt: str, constraint: Any, method: str, n: int, tokens: int,
     f0, t0 = lm.forward_calls, lm.fed_tokens
     start = time.perf_counter()
     res = at.generate(lm, prompt, constraint, method=method, n=n, max_new_tokens=tokens,
-                      temperature=1.0, seed=seed)
+                      temperature=1.0, seed=seed, search_budget=None)
     wall = time.perf_counter() - start
     return res, wall, lm.forward_calls - f0, lm.fed_tokens - t0
 

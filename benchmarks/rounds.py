@@ -102,7 +102,8 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
         try:
             parallel = VARIANTS[label][4]
             res = at.generate(lm, prompt, constraint, method="exact", n=n, seed=seed,
-                              **options, **({} if parallel is None else {"parallel": parallel}))
+                              **options, **({} if parallel is None else {"parallel": parallel}),
+                              search_budget=None)
         except at.AdaptrackError as err:
             return {"error": type(err).__name__, "s": time.perf_counter() - started,
                     "cpu": time.process_time() - cpu}
