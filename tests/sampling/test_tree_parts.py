@@ -51,21 +51,21 @@ def test_budgets_raise_at_their_limits_and_name_them():
     b.check_opened(100, nodes=1)
     with pytest.raises(TreeLimitError, match="max_opened_bytes=100"):
         b.check_opened(101, nodes=1)
-    b.check_time(nodes=1, calls=1)  # no limit
+    b.check_spent(nodes=1, calls=1)  # no limit
     b.max_seconds, b.started = 5.0, time.monotonic() - 60  # started a minute ago
     with pytest.raises(SearchTimeoutError, match=r"max_seconds=5 .*7 prefixes, 2 model calls"):
-        b.check_time(nodes=7, calls=2)
+        b.check_spent(nodes=7, calls=2)
 
 
 def test_the_call_budget_stops_before_the_call_past_it():
     b = Budgets(max_nodes=100, max_opened_bytes=100, max_seconds=None, max_calls=3)
-    b.check_time(nodes=9, calls=2)
+    b.check_spent(nodes=9, calls=2)
     with pytest.raises(CallLimitError, match=r"made 3 model calls, its budget max_calls=3 "
                        r"\(search_budget x n x max_new_tokens; 9 prefixes\); raise "
                        r"search_budget"):
-        b.check_time(nodes=9, calls=3)
+        b.check_spent(nodes=9, calls=3)
     b.max_calls = None  # the fallback lifts it
-    b.check_time(nodes=9, calls=10**6)
+    b.check_spent(nodes=9, calls=10**6)
 
 
 def test_the_trees_budget_names_set_its_budgets():

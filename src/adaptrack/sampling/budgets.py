@@ -19,7 +19,7 @@ class Budgets:
     (``PreparedCall.use_tree``), and the engine lifts them for a fallback.
 
     >>> b = Budgets(max_nodes=2, max_opened_bytes=1 << 20, max_seconds=None)
-    >>> b.check_nodes(1); b.check_time(nodes=1, calls=0)
+    >>> b.check_nodes(1); b.check_spent(nodes=1, calls=0)
     >>> try:
     ...     b.check_nodes(2)
     ... except TreeLimitError as err:
@@ -35,7 +35,7 @@ class Budgets:
         self.max_seconds, self.max_calls = max_seconds, max_calls
         self.started = time.monotonic()
 
-    def check_time(self, nodes: int, calls: int) -> None:
+    def check_spent(self, nodes: int, calls: int) -> None:
         """Before a model call: raise ``CallLimitError`` once ``max_calls`` calls were made,
         ``SearchTimeoutError`` once ``max_seconds`` have passed since ``started``."""
         if self.max_calls is not None and calls >= self.max_calls:

@@ -157,7 +157,7 @@ class Engine:
             nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
             self._fill.update(id(n) for s in req._slots.values() for n in _prefetched(s.waits))
             try:
-                req.tree.check_time()  # between model calls: each request keeps its budget
+                req.tree.check_spent()  # between model calls: each request keeps its budget
                 plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
             except Exception as err:  # kept on the request; its owner raises it
                 self._fail(req, err)

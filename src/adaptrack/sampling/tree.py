@@ -187,10 +187,10 @@ class PrefixTree:
     def started(self, value: float) -> None:
         self.budgets.started = value
 
-    def check_time(self) -> None:
+    def check_spent(self) -> None:
         """Before a model call: raise ``CallLimitError`` once ``max_calls`` were made,
         ``SearchTimeoutError`` once ``max_seconds`` have passed."""
-        self.budgets.check_time(self.nodes.count, self.lm_calls)
+        self.budgets.check_spent(self.nodes.count, self.lm_calls)
 
     def expand(self, node: Node) -> Expansion:
         """The node's expansion, calling the model if this prefix is new: for drivers (the
@@ -203,7 +203,7 @@ class PrefixTree:
         """Expand several prefixes with one batched model call (chains: one more)."""
         if all(n.expansion is not None for n in nodes):
             return
-        self.check_time()
+        self.check_spent()
         plain, heads = self.plan(nodes)
         if plain:
             self.store(plain, self.lm.next_logprobs([self.prompt + n.tokens for n in plain]))
@@ -271,7 +271,7 @@ class PrefixTree:
         if found is not None:
             return found
         self.budgets.check_nodes(self.nodes.count)
-        self.check_time()
+        self.check_spent()
         state = self.matcher.advance(node.state, token)
         exp = node.expansion if expansion is None else expansion
         if exp is None:
