@@ -157,10 +157,9 @@ def generate(
     ``None`` for no limit): ``asap``, ``adaptrack`` and ``exact`` make at most that many
     times ``n`` x ``max_new_tokens`` model calls (at least 64 tokens counted a sample), the
     most CD makes, so that with the fallback below a request costs a bounded multiple of
-    CD's worst case (``CallLimitError``).
-    Refused before any model work: a prompt that with
-    ``max_new_tokens`` exceeds the model's ``context_length`` (``PromptTooLongError``, or
-    with ``truncate_prompt=True`` the prompt keeps its last ``context_length -
+    CD's worst case (``CallLimitError``). Refused before any model work: a prompt that
+    with ``max_new_tokens`` exceeds the model's ``context_length`` (``PromptTooLongError``,
+    or with ``truncate_prompt=True`` the prompt keeps its last ``context_length -
     max_new_tokens`` tokens), and, for ``asap``, ``adaptrack`` and ``exact``, a constraint
     whose shortest complete sequence needs more than ``max_new_tokens`` tokens
     (``NoValidSequenceError``). With no constraint these three methods warn
@@ -169,11 +168,10 @@ def generate(
 
     ``fallback`` (docs/design.md §6): when ``asap``, ``adaptrack`` or ``exact`` runs past
     ``max_nodes``, ``max_opened_bytes``, ``search_budget`` or ``max_seconds``, ``"cd"``
-    (the default) draws
-    the samples still missing by CD over the same tree, each from its own random stream
-    (a sample whose walk was in flight goes on from the prefix that walk had reached, the
-    others start at the root); they are marked ``Sample.fallback`` (not the method's distribution:
-    CD's, from where the search left them), counted in
+    (the default) draws the samples still missing by CD over the same tree, each from its
+    own random stream (a sample whose walk was in flight goes on from the prefix that walk
+    had reached, the others start at the root); they are marked ``Sample.fallback`` (not
+    the method's distribution: CD's, from where the search left them), counted in
     ``stats["fallback_samples"]``, the result's ``fallback`` names the budget, and
     ``generate`` warns (:class:`SearchFallbackWarning`). ``None`` raises the budget's
     :class:`~adaptrack.SearchLimitError` instead, as below.
