@@ -541,6 +541,7 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "end": "stop"}, 400, "end", "leave, eos"),
     ({"prompt": "x", "fallback": None}, 400, "fallback", "'cd' or 'none'"),
     ({"prompt": "x", "max_seconds": 0}, 400, "max_seconds", "(0, inf]"),
+    ({"prompt": "x", "search_budget": -1}, 400, "search_budget", "(0, inf]"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
     ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 422, "guided_regex",
      "max_new_tokens=8"),
@@ -695,6 +696,17 @@ def test_a_search_past_its_budget_is_answered_by_the_cd_fallback_and_says_so(toy
     status, out = post(url, "/v1/completions", {**body, "max_seconds": 60})
     assert status == 200 and out["adaptrack"]["fallback_choices"] == []
     assert out["adaptrack"]["fallback"] is None
+
+
+def test_a_request_sets_its_own_call_budget(toy):
+    url, _, _ = toy
+    body = {"prompt": "x", "n": 2, "max_tokens": 8, "seed": 0, "guided_regex": "[a-z]{2,4}",
+            "decoding_method": "exact"}
+    status, out = post(url, "/v1/completions", {**body, "search_budget": 0.01})
+    assert status == 200 and out["adaptrack"]["fallback_choices"] == [0, 1], out
+    assert "max_calls=2 " in out["adaptrack"]["fallback"]  # 0.01 x 2 x 64 calls
+    status, out = post(url, "/v1/completions", body)  # the library's default: 3
+    assert status == 200 and out["adaptrack"]["fallback"] is None
 
 
 def test_search_seconds_bound_searches_only():

@@ -28,7 +28,7 @@ from ..constraints.compose import with_stop
 from ..errors import GrammarError, PromptTooLongError
 from ..generate import PreparedCall, prepare
 from ..lm.base import LanguageModel
-from ..options import SamplingOptions
+from ..options import SEARCH_BUDGET, SamplingOptions
 from .constraint_spec import ConstraintSpec
 from .errors import APIError, bad, error_for
 from .protocol import (
@@ -142,7 +142,8 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
             method=req.method, n=req.n, temperature=req.temperature, top_p=req.top_p,
             max_new_tokens=max_tokens, seed=req.seed, fast_forward=req.fast_forward,
             share_q=req.share_q, max_backtrack=req.max_backtrack, end=req.end,
-            fallback=None if req.fallback == "none" else req.fallback)
+            fallback=None if req.fallback == "none" else req.fallback,
+            search_budget=SEARCH_BUDGET if req.search_budget is None else req.search_budget)
     except (TypeError, ValueError) as err:  # the request model's bounds make this rare
         raise error_for(err) from None
     return Options(kind, prompts, sampling, req.stop,

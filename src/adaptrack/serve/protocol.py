@@ -17,8 +17,8 @@ of either for several prompts) or ``messages``, ``n``, ``max_tokens`` (chat also
 ``guided_choice``, ``guided_grammar`` (GBNF when a line defines a rule with ``::=``, else
 Lark) and ``guided_api_names`` (dotted names, :func:`adaptrack.constraints.api_names`); and
 adaptrack's ``decoding_method``, ``share_q``, ``max_backtrack``, ``fast_forward``, ``end``,
-``fallback`` and ``max_seconds``. Python predicates and ``from_module`` are not reachable:
-they run code.
+``fallback``, ``max_seconds`` and ``search_budget``. Python predicates and ``from_module``
+are not reachable: they run code.
 
 >>> req = CompletionRequest.model_validate({"prompt": "ab", "guided_choice": ["a", "b"]})
 >>> req.n, req.method, req.constraint_field
@@ -208,6 +208,7 @@ class BaseRequest(_Model):
     end: Annotated[str, one_of(END_POLICIES)] = "leave"
     fallback: Literal["cd", "none"] = "cd"
     max_seconds: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    search_budget: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     # accepted and not used: they say nothing about sampling
     user: Any = None
     metadata: Any = None
