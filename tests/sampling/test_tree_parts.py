@@ -64,6 +64,7 @@ def test_the_call_budget_stops_before_the_call_past_it():
                        r"\(search_budget x n x max_new_tokens; 9 prefixes\); raise "
                        r"search_budget"):
         b.check_spent(nodes=9, calls=3)
+    b.check_time(nodes=9, calls=3)  # a walk going on through known prefixes is not stopped
     b.max_calls = None  # the fallback lifts it
     b.check_spent(nodes=9, calls=10**6)
 

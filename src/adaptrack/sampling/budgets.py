@@ -43,6 +43,12 @@ class Budgets:
                 f"the search made {calls} model calls, its budget max_calls={self.max_calls} "
                 f"(search_budget x n x max_new_tokens; {nodes} prefixes); raise "
                 "search_budget (None for no limit)")
+        self.check_time(nodes, calls)
+
+    def check_time(self, nodes: int, calls: int) -> None:
+        """Raise ``SearchTimeoutError`` once ``max_seconds`` have passed since ``started``
+        (where a walk works without a model call: a spent call budget stops it only at
+        its next call)."""
         if self.max_seconds is None:
             return
         spent = time.monotonic() - self.started

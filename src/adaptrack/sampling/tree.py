@@ -271,7 +271,7 @@ class PrefixTree:
         if found is not None:
             return found
         self.budgets.check_nodes(self.nodes.count)
-        self.check_spent()
+        self.budgets.check_time(self.nodes.count, self.lm_calls)
         state = self.matcher.advance(node.state, token)
         exp = node.expansion if expansion is None else expansion
         if exp is None:
