@@ -17,6 +17,7 @@ ids fitted to the context, the constraint bound, the tree and the method built f
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 import warnings
@@ -194,13 +195,19 @@ class PreparedCall:
             width = 1
         else:  # a fixed width, not batch_size: the walks in flight decide the samples
             width = PARALLEL_WALKS if isinstance(parallel, bool | None) else int(parallel)
-        fallback = None
+        fallback, share = None, None
         if self.fallback == "cd":
             def fallback() -> ConstrainedDecoding:
                 return ConstrainedDecoding(self.tree, self.sampler.greedy,
                                            tries=FALLBACK_TRIES)
+            calls = self.options.sample_calls
+            if sampler.independent and calls is not None:
+                # Each sample's share replaces the request's budget: one walk that crawls
+                # no longer spends the others' calls (docs/design.md §6).
+                share, self.tree.max_calls = max(1, math.ceil(calls)), None
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
-                                     fallback=fallback, fallback_width=batch_size)
+                                     fallback=fallback, fallback_width=batch_size,
+                                     share=share)
         return self.request
 
     def done(self, i: int, node: Node, requests: int) -> None:

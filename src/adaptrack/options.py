@@ -324,10 +324,22 @@ class SamplingOptions:
         >>> SamplingOptions(method="cd").max_calls is None
         True
         """
+        share = self.sample_calls
+        return None if share is None else max(1, math.ceil(share * self.n))
+
+    @property
+    def sample_calls(self) -> float | None:
+        """One sample's share of :attr:`max_calls`: ``search_budget`` x ``max_new_tokens``
+        (at least :data:`SEARCH_TOKENS`). With the fallback, the walk of a method whose
+        samples are independent (``adaptrack`` without ``share_q``) falls back alone once
+        it has made that many; the others search on (docs/design.md §6).
+
+        >>> SamplingOptions(n=5, max_new_tokens=100, search_budget=3).sample_calls
+        300.0
+        """
         if self.method not in SEARCHES or self.search_budget is None:
             return None
-        tokens = max(self.max_new_tokens, SEARCH_TOKENS)
-        return max(1, math.ceil(self.search_budget * self.n * tokens))
+        return self.search_budget * max(self.max_new_tokens, SEARCH_TOKENS)
 
     @property
     def search_fallback(self) -> str | None:

@@ -198,8 +198,9 @@ def test_fallback_none_raises_the_budget_with_the_finished_samples():
         at.generate(lm, [], c, fallback="greedy")
 
 
-@pytest.mark.parametrize("method", ["asap", "adaptrack", "exact"])
-def test_a_search_makes_at_most_its_budget_of_model_calls_then_cd_finishes(method):
+@pytest.mark.parametrize("method, kwargs", [("asap", {}), ("adaptrack", {"share_q": True}),
+                                            ("exact", {})])
+def test_a_search_makes_at_most_its_budget_of_model_calls_then_cd_finishes(method, kwargs):
     """``search_budget`` x n x max_new_tokens model calls (the tokens counted as at least
     64), then the fallback: the request's calls are the search's and at most
     max_new_tokens a CD walk past them (docs/design.md §6). Under the *eos* target the
@@ -207,7 +208,7 @@ def test_a_search_makes_at_most_its_budget_of_model_calls_then_cd_finishes(metho
     lm, c = bits()
     with pytest.warns(at.SearchFallbackWarning, match="drawn by CD"):
         res = at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6,
-                          end="eos", search_budget=0.02)
+                          end="eos", search_budget=0.02, **kwargs)
     budget = math.ceil(0.02 * 4 * 64)
     fell = sum(s.fallback for s in res.samples)
     assert fell and all(s.valid for s in res.samples)
@@ -215,17 +216,39 @@ def test_a_search_makes_at_most_its_budget_of_model_calls_then_cd_finishes(metho
     assert res.stats["lm_calls"] <= budget + fell * 6
     with pytest.raises(at.CallLimitError, match=f"max_calls={budget}") as err:
         at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6, end="eos",
-                    search_budget=0.02, fallback=None)
+                    search_budget=0.02, fallback=None, **kwargs)
     assert not any(s.fallback for s in err.value.partial.samples)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for budget_ in (None, float("inf"), at.SEARCH_BUDGET):
             res = at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6,
-                              end="eos", search_budget=budget_)
+                              end="eos", search_budget=budget_, **kwargs)
             assert res.fallback is None
     # CD never searches: no call budget, however small.
     assert at.generate(lm, [], c, method="cd", n=4, seed=0, max_new_tokens=6,
                        search_budget=0.01).fallback is None
+
+
+def test_independent_walks_fall_back_one_by_one_at_their_share():
+    """AdapTrack with a Q per sample: each walk may use search_budget x max(max_new_tokens,
+    64) prefixes' distributions; one about to use more goes on by CD alone, the others
+    search on, so a seed's samples within their share are those without a budget."""
+    lm, c = bits()
+    options = dict(method="adaptrack", n=6, seed=0, max_new_tokens=6, end="eos")
+    free = at.generate(lm, [], c, search_budget=None, **options)
+    share = 12  # the six walks use 7, 13, 19, 8, 8 and 15
+    with pytest.warns(at.SearchFallbackWarning, match=r"3 of 6 .* its share"):
+        res = at.generate(lm, [], c, search_budget=share / 64, **options)
+    assert all(s.valid and s.complete for s in res.samples)
+    for alone, got in zip(free.samples, res.samples, strict=True):
+        assert got.fallback == (alone.lm_requests > share)
+        if not got.fallback:
+            assert (got.tokens, got.lm_requests) == (alone.tokens, alone.lm_requests)
+    assert res.stats["fallback_samples"] == 3
+    # Without a fallback the request's budget holds as for the other searches (the tree
+    # has 31 prefixes: 6 x 4 calls are too few), and a raised error is the outcome.
+    with pytest.raises(at.CallLimitError, match="max_calls=24"):
+        at.generate(lm, [], c, search_budget=4 / 64, fallback=None, **options)
 
 
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (-1.0, ValueError),

@@ -25,9 +25,9 @@ from typing import cast
 
 import numpy as np
 
-from ..errors import CheckTimeoutError, SearchLimitError
+from ..errors import CallLimitError, CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
-from .base import BARRIER, Method, Prefetch, Walk
+from .base import BARRIER, Method, Prefetch, ShareSpent, Walk
 from .cd import ConstrainedDecoding
 from .tree import Node, PrefixTree
 
@@ -50,6 +50,11 @@ class Request:
     sample's own random stream, ``fallback_width`` at once: a sample whose walk was in
     flight goes on from the prefix that walk had reached, the others start at the root;
     ``fell_back`` then holds that error and ``fallen`` the indices of the samples it drew.
+
+    ``share``: with a ``fallback`` and a method whose samples are independent, the prefixes
+    whose distributions each sample's walk may use, cached or not (``Method.share``): a
+    walk about to use one more goes on as the fallback's CD walk from there, alone, while
+    the other samples search on; which samples fall back depends on their seeds only.
     """
 
     tree: PrefixTree
@@ -65,6 +70,9 @@ class Request:
     fallback_width: int = 1
     fell_back: BaseException | None = None
     fallen: set[int] = field(default_factory=set)
+    share: int | None = None
+    _whole: bool = False  # the fallback took over the whole request
+    _cd: ConstrainedDecoding | None = None  # the fallback's walks of samples past their share
     _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
@@ -126,12 +134,16 @@ class Engine:
     def submit(self, method: Method, n: int, seed: int | None,
                on_done: Callable[[int, Node, int], None], *, width: int = 1,
                fallback: Callable[[], ConstrainedDecoding] | None = None,
-               fallback_width: int = 1) -> Request:
+               fallback_width: int = 1, share: int | None = None) -> Request:
         """Queue ``n`` samples of ``method``; ``width`` of its walks run at once; a
-        ``fallback`` method finishes them if the search runs out of budget (:class:`Request`)."""
-        method.width, method.samples = max(1, width), n
+        ``fallback`` method finishes them if the search runs out of budget, or a sample's
+        walk past its ``share`` of model rows (:class:`Request`)."""
+        if share is not None and (fallback is None or not method.independent):
+            raise ValueError("share: for a method whose samples are independent, with a "
+                             "fallback")
+        method.width, method.samples, method.share = max(1, width), n, share
         req = Request(method.tree, method, n, seed, on_done, 1 if method.serial else method.width,
-                      fallback=fallback, fallback_width=max(1, fallback_width))
+                      fallback=fallback, fallback_width=max(1, fallback_width), share=share)
         req._streams = np.random.SeedSequence(seed).spawn(n)
         self.requests.append(req)
         return req
@@ -172,6 +184,23 @@ class Engine:
             if not req.done and id(req) in waited:
                 req.tree.finish(waited[id(req)])
         return True
+
+    def _fall_back_one(self, req: Request, i: int, spent: ShareSpent) -> None:
+        """Sample ``i``'s walk spent its share: the fallback's CD walk takes it over from
+        the prefix the walk had reached, on the sample's own random stream."""
+        if req._cd is None:
+            assert req.fallback is not None
+            req._cd = req.fallback()
+        if req.fell_back is None:
+            req.fell_back = CallLimitError(
+                f"a sample's walk used {req.share} prefixes' distributions, its share of the "
+                "budget (search_budget x max_new_tokens a sample); raise search_budget (None "
+                "for no limit)")
+        req.fallen.add(i)
+        seen: set[int] = set()
+        rng = np.random.default_rng(req._streams[i])
+        req._slots[i] = _Slot(req._cd.walk(seen, rng, start=spent.node), seen)
+        self._resume(req, i)
 
     def _call(self, items: list[_Item]) -> None:
         """Ask the model for ``items`` in chunks. Plain prefixes and forced chains share a
@@ -276,6 +305,8 @@ class Engine:
         except StopIteration as stop:
             del req._slots[i]
             req.on_done(i, stop.value, len(slot.seen))
+        except ShareSpent as spent:
+            self._fall_back_one(req, i, spent)
 
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
         missing = sorted(req._slots) + list(range(req.started, req.n))
@@ -284,7 +315,7 @@ class Engine:
         for slot in req._slots.values():
             slot.walk.close()
         req._slots.clear()
-        if (fall_back and req.fallback is not None and req.fell_back is None
+        if (fall_back and req.fallback is not None and not req._whole
                 and isinstance(err, SearchLimitError)
                 and not isinstance(err, CheckTimeoutError)):
             # The fallback draws at most max_new_tokens prefixes a walk, ``tries`` walks (and
@@ -297,7 +328,8 @@ class Engine:
                                  tree.num_nodes + walks * (tree.max_new_tokens + 1))
             req.method, req._starts = method, reached
             req.width = req.fallback_width
-            req.fell_back, req.fallen, req._redo = err, set(missing), missing
+            req.fell_back, req._redo, req._whole = err, missing, True
+            req.fallen.update(missing)
             req.started = req.n
             return
         req._redo.clear()
