@@ -173,7 +173,10 @@ def generate(
     had reached, the others start at the root); they are marked ``Sample.fallback`` (not
     the method's distribution: CD's, from where the search left them), counted in
     ``stats["fallback_samples"]``, the result's ``fallback`` names the budget, and
-    ``generate`` warns (:class:`SearchFallbackWarning`). ``None`` raises the budget's
+    ``generate`` warns (:class:`SearchFallbackWarning`). Where the samples are independent
+    (``adaptrack`` without ``share_q``) the call budget is each sample's own instead:
+    ``search_budget`` x ``max_new_tokens`` prefixes' distributions used, past which that
+    sample alone falls back. ``None`` raises the budget's
     :class:`~adaptrack.SearchLimitError` instead, as below.
 
     An :class:`~adaptrack.AdaptrackError` raised while sampling carries the samples that
