@@ -234,7 +234,8 @@ class SamplingOptions:
     search_budget: float | None = field(default=SEARCH_BUDGET, metadata=_flag(
         "--search-budget", "seconds",
         "budget: model calls a search (asap, adaptrack, exact) may make, as a multiple of "
-        f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes; 'inf' for none "
+        f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes (adaptrack "
+        "without --share-q: each sample's share); 'inf' for none "
         f"(default: {SEARCH_BUDGET:g})", metavar="K"))
     fallback: str | None = field(default="cd", metadata=_flag(
         "--fallback", "choice",
