@@ -175,7 +175,7 @@ def generate(
     ``stats["fallback_samples"]``, the result's ``fallback`` names the budget, and
     ``generate`` warns (:class:`SearchFallbackWarning`). Where the samples are independent
     (``adaptrack`` without ``share_q``) the call budget is each sample's own instead:
-    ``search_budget`` x ``max_new_tokens`` prefixes' distributions used, past which that
+    ``search_budget`` x ``max_new_tokens`` model calls made for its walk, past which that
     sample alone falls back. ``None`` raises the budget's
     :class:`~adaptrack.SearchLimitError` instead, as below.
 

@@ -333,7 +333,7 @@ class SamplingOptions:
         """One sample's share of :attr:`max_calls`: ``search_budget`` x ``max_new_tokens``
         (at least :data:`SEARCH_TOKENS`). With the fallback, the walk of a method whose
         samples are independent (``adaptrack`` without ``share_q``) falls back alone once
-        it has made that many; the others search on (docs/design.md §6).
+        that many model calls were made for it; the others search on (docs/design.md §6).
 
         >>> SamplingOptions(n=5, max_new_tokens=100, search_budget=3).sample_calls
         300.0

@@ -9,6 +9,7 @@ import math
 import pytest
 
 import adaptrack as at
+from adaptrack.options import FALLBACK_TRIES
 from adaptrack.sampling.adaptrack import AHEAD_SHARE, AdapTrack
 from adaptrack.sampling.engine import Engine
 from adaptrack.sampling.tree import PrefixTree
@@ -104,3 +105,28 @@ def test_siblings_fetched_ahead_take_at_most_a_share_of_max_nodes(monkeypatch):
     _, tight = crawl(max_nodes=limit, fallback=None)
     assert outcome(tight) == outcome(off)
     assert tight.stats["tree_nodes"] <= limit
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_independent_walks_fall_back_one_by_one_at_their_share(seed):
+    """AdapTrack with a Q per sample: each walk may cause search_budget x max(max_new_tokens,
+    64) model calls (those for its siblings fetched ahead included); one past its share
+    goes on by CD alone, the others search on, so a sample within its share is the one the
+    seed gives without a budget."""
+    share = 30
+    _, free = crawl(seed=seed)
+    lm = Counting()
+    c = at.constraints.regex("[a-p]{2}[a-d]?")
+    with pytest.warns(at.SearchFallbackWarning, match=r"of 6 .* its share .*30 a sample"):
+        res = at.generate(lm, [], c, method="adaptrack", n=6, seed=seed, max_new_tokens=4,
+                          end="eos", search_budget=share / 64)
+    fell = [s.fallback for s in res.samples]
+    assert any(fell) and all(s.valid for s in res.samples)
+    assert res.stats["fallback_samples"] == sum(fell)
+    for alone, got in zip(free.samples, res.samples, strict=True):
+        if not got.fallback:
+            assert got.tokens == alone.tokens
+    # Each walk's share, one pass of siblings fetched ahead past it, and the CD walks
+    # (FALLBACK_TRIES from where the walk was, as many from the root; 4 tokens each).
+    bound = 6 * (share + AdapTrack.crawl_ahead) + sum(fell) * 2 * FALLBACK_TRIES * 4
+    assert res.stats["lm_calls"] <= bound < free.stats["lm_calls"]

@@ -22,15 +22,6 @@ BARRIER = object()
 Walk = Generator[object, None, Node]
 
 
-class ShareSpent(Exception):  # control flow inside the engine, never raised to a user
-    """Raised inside a walk about to use more prefixes than :attr:`Method.share`: the
-    engine hands the sample to the fallback from ``node``, the prefix it had reached."""
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(node)
-        self.node = node
-
-
 class Prefetch(tuple[Node, ...]):
     """Prefixes, inside the tuple a walk yields, that the model call serves only to fill the
     cache: nothing waits for them, and the model need not keep state for them
@@ -64,9 +55,6 @@ class Method:
     samples = 1
     #: Walks from the root one sample may take (CD as a fallback tries past dead ends).
     tries = 1
-    #: The prefixes whose distributions one walk may use (None: no limit; set by
-    #: ``Engine.submit`` for a request whose search has a fallback, docs/design.md §6).
-    share: int | None = None
     eager_chains = True
     forces_chains = False
 
@@ -94,15 +82,12 @@ class Method:
     def release(self) -> None:
         """Every walk in flight waits at :data:`BARRIER`: the end of a round."""
 
-    def used(self, seen: set[int], node: Node) -> None:
+    @staticmethod
+    def used(seen: set[int], node: Node) -> None:
         """Count ``node``'s distribution as one this sample used. A node whose token was
-        fast-forwarded got its distribution with the chain's one call: not counted again.
-        One past :attr:`share` ends the walk (:class:`ShareSpent`, at ``node``): counted in
-        prefixes used, cached or not, so where it ends depends on the sample's seed only."""
+        fast-forwarded got its distribution with the chain's one call: not counted again."""
         if not node.in_chain:
             seen.add(id(node))
-            if self.share is not None and len(seen) > self.share:
-                raise ShareSpent(node)
 
     def expand(self, node: Node) -> Generator[Node, None, Expansion]:
         """The node's expansion; the walk pauses while the driver asks the model, and

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import CallLimitError, CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
-from .base import BARRIER, Method, Prefetch, ShareSpent, Walk
+from .base import BARRIER, Method, Prefetch, Walk
 from .cd import ConstrainedDecoding
 from .tree import Node, PrefixTree
 
@@ -37,6 +37,8 @@ class _Slot:
     walk: Walk
     seen: set[int]
     waits: object = None  # a Node, BARRIER, or None before the walk started
+    rows: int = 0  # model rows made for prefixes this walk waited for or fetched ahead
+    searching: bool = True  # False: the fallback's CD walk of a sample past its share
 
 
 @dataclass(eq=False)
@@ -51,10 +53,12 @@ class Request:
     flight goes on from the prefix that walk had reached, the others start at the root;
     ``fell_back`` then holds that error and ``fallen`` the indices of the samples it drew.
 
-    ``share``: with a ``fallback`` and a method whose samples are independent, the prefixes
-    whose distributions each sample's walk may use, cached or not (``Method.share``): a
-    walk about to use one more goes on as the fallback's CD walk from there, alone, while
-    the other samples search on; which samples fall back depends on their seeds only.
+    ``share``: with a ``fallback`` and a method whose samples are independent, the model
+    rows each sample's walk may cause (a row made for a prefix it waited for or fetched
+    ahead counts, for each walk that asked for it): a walk past its share that needs one
+    more goes on as the fallback's CD walk from the prefix it had reached, alone, while
+    the other samples search on. Which samples reach their share can depend on what the
+    other walks put in the cache (the batch), never on the machine.
     """
 
     tree: PrefixTree
@@ -141,7 +145,7 @@ class Engine:
         if share is not None and (fallback is None or not method.independent):
             raise ValueError("share: for a method whose samples are independent, with a "
                              "fallback")
-        method.width, method.samples, method.share = max(1, width), n, share
+        method.width, method.samples = max(1, width), n
         req = Request(method.tree, method, n, seed, on_done, 1 if method.serial else method.width,
                       fallback=fallback, fallback_width=max(1, fallback_width), share=share)
         req._streams = np.random.SeedSequence(seed).spawn(n)
@@ -166,14 +170,13 @@ class Engine:
         waited: dict[int, list[Node]] = {}
         self._fill.clear()
         for req in self.requests:
-            nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
-            self._fill.update(id(n) for s in req._slots.values() for n in _prefetched(s.waits))
             try:
                 req.tree.check_spent()  # between model calls: each request keeps its budget
-                plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
+                nodes, plain, heads = self._plan(req)
             except Exception as err:  # kept on the request; its owner raises it
                 self._fail(req, err)
                 continue
+            self._fill.update(id(n) for s in req._slots.values() for n in _prefetched(s.waits))
             waited[id(req)] = nodes
             items += [(req, n, False) for n in plain] + [(req, n, True) for n in heads]
         # A prefix some walk waits for is not only prefetched.
@@ -185,21 +188,46 @@ class Engine:
                 req.tree.finish(waited[id(req)])
         return True
 
-    def _fall_back_one(self, req: Request, i: int, spent: ShareSpent) -> None:
+    def _plan(self, req: Request) -> tuple[list[Node], list[Node], list[Node]]:
+        """The prefixes ``req``'s walks wait for and ``PrefixTree.plan``'s split of them.
+        With a ``share``, a walk past it that needs a model row first goes on as the
+        fallback's CD walk, and each searching walk is charged the rows made for it."""
+        while True:
+            nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
+            plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
+            if req.share is None or req._whole:
+                return nodes, plain, heads
+            need = {id(n) for n in plain} | {id(n) for n in heads}
+            over = [i for i, s in req._slots.items() if s.searching and s.rows >= req.share
+                    and any(id(n) in need for n in _waited(s.waits))]
+            if not over:
+                break
+            for i in over:
+                self._fall_back_one(req, i)
+        for s in req._slots.values():
+            if s.searching:
+                s.rows += len({id(n) for n in _waited(s.waits)} & need)
+        return nodes, plain, heads
+
+    def _fall_back_one(self, req: Request, i: int) -> None:
         """Sample ``i``'s walk spent its share: the fallback's CD walk takes it over from
-        the prefix the walk had reached, on the sample's own random stream."""
+        the prefix the walk waits for, on the sample's own random stream."""
+        slot = req._slots[i]
+        reached = _direct(slot.waits)
+        slot.walk.close()
         if req._cd is None:
             assert req.fallback is not None
             req._cd = req.fallback()
         if req.fell_back is None:
             req.fell_back = CallLimitError(
-                f"a sample's walk used {req.share} prefixes' distributions, its share of the "
-                "budget (search_budget x max_new_tokens a sample); raise search_budget (None "
-                "for no limit)")
+                f"a sample's walk made {slot.rows} model calls, its share of the budget "
+                f"(search_budget x max_new_tokens, {req.share} a sample); raise "
+                "search_budget (None for no limit)")
         req.fallen.add(i)
         seen: set[int] = set()
         rng = np.random.default_rng(req._streams[i])
-        req._slots[i] = _Slot(req._cd.walk(seen, rng, start=spent.node), seen)
+        walk = req._cd.walk(seen, rng, start=reached[0] if reached else None)
+        req._slots[i] = _Slot(walk, seen, searching=False)
         self._resume(req, i)
 
     def _call(self, items: list[_Item]) -> None:
@@ -305,8 +333,6 @@ class Engine:
         except StopIteration as stop:
             del req._slots[i]
             req.on_done(i, stop.value, len(slot.seen))
-        except ShareSpent as spent:
-            self._fall_back_one(req, i, spent)
 
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
         missing = sorted(req._slots) + list(range(req.started, req.n))
