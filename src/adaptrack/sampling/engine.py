@@ -5,7 +5,8 @@ A request is one prefix tree, one method over it and ``n`` samples. Each step th
 lets every walk of every request run until it waits for a prefix's expansion, gathers
 those prefixes across all trees, and asks the model for all of them at once (at most
 ``batch_size`` prefixes and ``max_batch_tokens`` returned distributions per call; forced
-chains in the same call). Budgets and errors stay per request: a request whose search runs
+chains in the same call). Budgets and errors stay per request (a call budget per sample,
+where a request's samples are independent: ``Request.share``): a request whose search runs
 out of time or fails is closed with its error, and the others go on.
 
 Walks are generators that read like the paper's pseudocode (``sampling/base.py``). A walk
