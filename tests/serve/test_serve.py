@@ -701,8 +701,8 @@ def test_a_search_past_its_budget_is_answered_by_the_cd_fallback_and_says_so(toy
 def test_a_request_sets_its_own_call_budget(toy):
     url, _, _ = toy
     # A prompt of its own: a tree another test left in the server's cache needs no calls.
-    body = {"prompt": "a call budget", "n": 2, "max_tokens": 8, "seed": 0, "guided_regex": "[a-z]{2,4}",
-            "decoding_method": "exact"}
+    body = {"prompt": "a call budget", "n": 2, "max_tokens": 8, "seed": 0,
+            "guided_regex": "[a-z]{2,4}", "decoding_method": "exact"}
     status, out = post(url, "/v1/completions", {**body, "search_budget": 0.01})
     assert status == 200 and out["adaptrack"]["fallback_choices"] == [0, 1], out
     assert "max_calls=2 " in out["adaptrack"]["fallback"]  # 0.01 x 2 x 64 calls
