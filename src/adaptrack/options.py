@@ -131,7 +131,7 @@ class Flag:
     """How an option is spelled on the command line; ``adaptrack.cli.common`` makes the
     argparse flag from it. ``reads`` says what the flag takes: ``"count"`` (an int >= 1),
     ``"natural"`` (an int >= 0), ``"non_negative"`` (a finite number >= 0),
-    ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]), ``"seconds"`` (> 0,
+    ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]), ``"limit"`` (a budget: > 0,
     ``inf`` for None), ``"choice"`` (one of ``choices``; ``"none"`` stands for None),
     ``"walks"`` (``auto``, ``on``, ``off`` or a count), ``"switch"`` (present: True) or
     ``"negated"`` (present: False)."""
@@ -227,12 +227,12 @@ class SamplingOptions:
         f"budget: bytes of expansions the search holds (default: {1 << 30})",
         metavar="BYTES"))
     max_seconds: float | None = field(default=MAX_SECONDS, metadata=_flag(
-        "--max-seconds", "seconds",
+        "--max-seconds", "limit",
         f"time budget of the search in seconds, 'inf' for none (default: {MAX_SECONDS:g}); "
         "past it the command stops with an error after printing the finished samples",
         metavar="S"))
     search_budget: float | None = field(default=SEARCH_BUDGET, metadata=_flag(
-        "--search-budget", "seconds",
+        "--search-budget", "limit",
         "budget: model calls a search (asap, adaptrack, exact) may make, as a multiple of "
         f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes (adaptrack "
         "without --share-q: each sample's share); 'inf' for none "

@@ -136,7 +136,8 @@ def walks(text: str) -> bool | int | None:
 
 
 def seconds(text: str) -> float | None:
-    """A time budget in seconds, > 0; ``inf`` means none (``None``)."""
+    """A time budget in seconds (or another budget: ``--search-budget``), > 0; ``inf``
+    means none (``None``)."""
     value = _float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 (inf for no limit), got {text}")
@@ -245,7 +246,7 @@ def stdout_to_stderr() -> Iterator[None]:
 #: The argument type of each kind of value a :class:`~adaptrack.options.Flag` reads.
 _READS: dict[str, Callable[[str], Any]] = {
     "count": positive_int, "natural": non_negative_int, "non_negative": non_negative_float,
-    "probability": probability, "fraction": fraction, "seconds": seconds, "walks": walks,
+    "probability": probability, "fraction": fraction, "limit": seconds, "walks": walks,
 }
 
 
@@ -299,7 +300,7 @@ def sampling_options(args: argparse.Namespace) -> SamplingOptions:
 
 def _spelling(flag: Flag, value: Any) -> str:
     if value is None:
-        return {"choice": "none", "seconds": "inf", "walks": "auto"}[flag.reads]
+        return {"choice": "none", "limit": "inf", "walks": "auto"}[flag.reads]
     if isinstance(value, bool):
         return "on" if value else "off"
     return repr(value) if isinstance(value, float) else str(value)
