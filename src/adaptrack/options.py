@@ -52,8 +52,9 @@ SEARCHES = ("asap", "adaptrack", "exact")
 FALLBACKS = ("cd", None)
 
 #: Walks a fallback sample may take from the root: CD walks into a dead end near the length
-#: limit where a search ran out of budget (a long string that cannot close in time); each
-#: new walk masks the dead ends met before, so the answer is a text that finishes.
+#: limit where a search ran out of budget (a long string that cannot close in time), backs
+#: up past it for a while (sampling/cd.py), and each new walk masks the dead ends met
+#: before, so the answer is a text that finishes.
 FALLBACK_TRIES = 4
 
 #: Walks in flight over one shared Q with ``parallel=True`` (the default of ``exact``): a

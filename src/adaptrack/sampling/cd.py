@@ -5,13 +5,16 @@ P_con(s_i | s_<i) ∝ P(s_i | s_<i) · 1[s_i ∈ C(s_<i)]. It never fails on a c
 dead ends; when it walks into one (a prefix that cannot finish within max_new_tokens) it
 returns that prefix as an incomplete sample, as docs/design.md §2 specifies.
 
-As the searches' fallback (docs/design.md §6) it may take ``tries`` walks for one sample:
-a walk that meets a dead end starts again with that prefix masked wherever it meets it,
-and the first complete walk is the sample (the last dead end if none is), so that a
-fallback near the length limit still answers with a text that finishes. A sample whose
-search walk was in flight begins where that walk had reached (``start``), and past a dead
-end starts there again, ``tries`` walks at most (fewer once every way on from it met one),
-then from the root, as the others do.
+As the searches' fallback (docs/design.md §6) it goes past dead ends, ``tries`` walks at
+most for one sample: at a dead end the walk backs up one token, masks the dead end there
+(and wherever a later walk meets it) and goes on, until it has taken max_new_tokens + 1
+steps since its first dead end; then the next walk starts again (a walk takes at most
+:data:`WALK_STEPS` x (max_new_tokens + 1) steps). The first complete text is the sample
+(the last dead end if none is), so that a fallback near the length limit still answers
+with a text that finishes, mostly a few tokens from where it met the dead end. A sample whose search walk was in flight begins where that walk had reached
+(``start``), its walks start there again (fewer than ``tries`` once every way on from it
+met a dead end), then from the root, as the others do. With ``tries=1`` (the paper's CD)
+the first dead end is the sample.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ import numpy as np
 from .base import Method, Walk
 from .draw import argmax, draw
 from .tree import Node, PrefixTree
+
+#: A walk's steps past dead ends, in units of max_new_tokens + 1: its way down, its steps
+#: after backing up, and the way down from the last dead end it backed up from.
+WALK_STEPS = 3
 
 
 class ConstrainedDecoding(Method):
@@ -44,12 +51,12 @@ class ConstrainedDecoding(Method):
     def walk(self, seen: set[int], rng: np.random.Generator, *,
              start: Node | None = None) -> Walk:
         """One sample, from the root or from ``start`` (a prefix, not complete)."""
-        root = self.tree.root
+        root, tree = self.tree.root, self.tree
         dead: dict[int, set[int]] = {}  # id(prefix) -> tokens after it that met a dead end
         begin = root if start is None else start
         end, failed = root, 0  # the last dead end; walks from begin that met one
         while failed < self.tries:
-            node = begin
+            node, left = begin, None  # steps this walk may take once it met a dead end
             while not node.complete:
                 exp = yield from self.expand(node)
                 self.used(seen, node)
@@ -58,19 +65,29 @@ class ConstrainedDecoding(Method):
                 # P_con(s_i | s_<i) ∝ P(s_i | s_<i) over the valid tokens exp.ids
                 met = dead.get(id(node))
                 p = exp.p if met is None else np.where(np.isin(exp.ids, list(met)), 0.0, exp.p)
-                if len(exp.ids) == 0 or (met is not None and not p.any()):
-                    break  # a dead end: incomplete, marked as such if the last try
-                i = argmax(p) if self.greedy else draw(p, rng)
-                node = self.tree.child(node, int(exp.ids[i]))
+                if len(exp.ids) and p.any():
+                    i = argmax(p) if self.greedy else draw(p, rng)
+                    node = tree.child(node, int(exp.ids[i]))
+                    left = None if left is None else left - 1
+                    continue
+                # A dead end: incomplete, marked as such if the last try. Past one (the
+                # fallback) the walk backs up a token, with the dead end masked, and goes
+                # on: near the length limit a dead end is mostly a few tokens from a text
+                # that finishes, where a walk from ``begin`` would cost a CD sample.
+                if node is root:
+                    return end  # every way on from the root met a dead end
+                assert node.parent is not None and node.token is not None
+                dead.setdefault(id(node.parent), set()).add(node.token)
+                end = node
+                self.restarts += 1
+                if left is None:
+                    left = tree.max_new_tokens + 1
+                if self.tries == 1 or node is begin or left <= 0:
+                    break
+                node = node.parent
             else:
                 return node
-            if node is root:
-                break  # every way on from the root met a dead end
-            assert node.parent is not None and node.token is not None
-            dead.setdefault(id(node.parent), set()).add(node.token)
-            end, failed = node, failed + 1
-            self.restarts += 1
+            failed += 1
             if begin is not root and (node is begin or failed == self.tries):
                 begin, failed = root, 0  # the prefix reached is spent: the root's tries
         return end
-

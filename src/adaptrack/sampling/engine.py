@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import CallLimitError, CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
 from .base import BARRIER, Method, Prefetch, Walk
-from .cd import ConstrainedDecoding
+from .cd import WALK_STEPS, ConstrainedDecoding
 from .tree import Node, PrefixTree
 
 
@@ -345,14 +345,14 @@ class Engine:
         if (fall_back and req.fallback is not None and not req._whole
                 and isinstance(err, SearchLimitError)
                 and not isinstance(err, CheckTimeoutError)):
-            # The fallback draws at most max_new_tokens prefixes a walk, ``tries`` walks (and
-            # as many more from where a walk in flight had reached): its own bound, so the
-            # search's budgets, spent, no longer apply to the tree.
+            # The fallback draws at most WALK_STEPS x (max_new_tokens + 1) prefixes a walk,
+            # ``tries`` walks (and as many more from where a walk in flight had reached): its
+            # own bound, so the search's budgets, spent, no longer apply to the tree.
             tree, method = req.tree, req.fallback()
             walks = (len(missing) + len(reached)) * method.tries
             tree.max_seconds = tree.max_calls = None
             tree.max_nodes = max(tree.max_nodes,
-                                 tree.num_nodes + walks * (tree.max_new_tokens + 1))
+                                 tree.num_nodes + walks * WALK_STEPS * (tree.max_new_tokens + 1))
             req.method, req._starts = method, reached
             req.width = req.fallback_width
             req.fell_back, req._redo, req._whole = err, missing, True
