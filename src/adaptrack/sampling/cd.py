@@ -11,10 +11,11 @@ most for one sample: at a dead end the walk backs up one token, masks the dead e
 steps since its first dead end; then the next walk starts again (a walk takes at most
 :data:`WALK_STEPS` x (max_new_tokens + 1) steps). The first complete text is the sample
 (the last dead end if none is), so that a fallback near the length limit still answers
-with a text that finishes, mostly a few tokens from where it met the dead end. A sample whose search walk was in flight begins where that walk had reached
-(``start``), its walks start there again (fewer than ``tries`` once every way on from it
-met a dead end), then from the root, as the others do. With ``tries=1`` (the paper's CD)
-the first dead end is the sample.
+with a text that finishes, mostly a few tokens from where it met the dead end. A sample
+whose search walk was in flight begins where that walk had reached (``start``), its walks
+start there again (fewer than ``tries`` once every way on from it met a dead end), then
+from the root, as the others do. With ``tries=1`` (the paper's CD) the first dead end is
+the sample.
 """
 
 from __future__ import annotations
