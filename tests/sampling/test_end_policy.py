@@ -284,6 +284,20 @@ def test_the_fallback_tries_again_past_a_dead_end():
     assert all(s.fallback and s.complete and s.text == "b" for s in res.samples)
 
 
+def test_the_fallback_answers_from_a_wide_dead_region():
+    """Under ``[ab]*ccc`` a walk that has not drawn a c by the seventh token is in a dead
+    region as wide as the tree below it, which backing up explores before a new walk
+    starts: every search answers (no ``TreeLimitError`` from the fallback's walks) and its
+    fallback samples finish (docs/design.md §6)."""
+    lm = at.TableLM([b"a", b"b", b"c", b"<eos>"], hashed_weights(4), eos=3)
+    for method in ("exact", "adaptrack", "asap"):
+        with pytest.warns(at.SearchFallbackWarning):
+            res = at.generate(lm, [], at.constraints.regex("[ab]*ccc"), method=method,
+                              n=100, seed=0, max_nodes=3, max_new_tokens=10, end="eos")
+        assert len(res.samples) == 100 and sum(s.fallback for s in res.samples) > 90
+        assert sum(s.complete for s in res.samples) >= 95, method
+
+
 def test_the_fallback_finishes_a_walk_in_flight_from_where_it_had_reached():
     """A walk that went into "a" when the budget ran out is finished by CD from there
     ("aaaaaa"), where CD from the root would answer "b" half the time (docs/design.md §6)."""
