@@ -3,7 +3,7 @@ at parse time (before any model is loaded), reading text files and stdin, the sa
 options of ``generate`` (flags generated from :class:`~adaptrack.options.SamplingOptions`),
 its constraint options, and JSON-safe numbers.
 
->>> non_negative_int("3"), probability("0.5"), seconds("inf")
+>>> non_negative_int("3"), probability("0.5"), limit("inf")
 (3, 0.5, None)
 >>> non_negative_float("inf")
 Traceback (most recent call last):
@@ -135,9 +135,8 @@ def walks(text: str) -> bool | int | None:
     return value
 
 
-def seconds(text: str) -> float | None:
-    """A time budget in seconds (or another budget: ``--search-budget``), > 0; ``inf``
-    means none (``None``)."""
+def limit(text: str) -> float | None:
+    """A budget (seconds, a multiple of CD's calls), > 0; ``inf`` means none (``None``)."""
     value = _float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 (inf for no limit), got {text}")
@@ -246,7 +245,7 @@ def stdout_to_stderr() -> Iterator[None]:
 #: The argument type of each kind of value a :class:`~adaptrack.options.Flag` reads.
 _READS: dict[str, Callable[[str], Any]] = {
     "count": positive_int, "natural": non_negative_int, "non_negative": non_negative_float,
-    "probability": probability, "fraction": fraction, "limit": seconds, "walks": walks,
+    "probability": probability, "fraction": fraction, "limit": limit, "walks": walks,
 }
 
 

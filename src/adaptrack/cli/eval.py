@@ -15,13 +15,13 @@ from ..eval.taskspec import Option
 from .common import (
     Parser,
     UsageError,
+    limit,
     names,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
     probability,
-    seconds,
 )
 
 HELP = ("run an evaluation (TFv1, TFv1Real, binary, DSL; HumanEval and MBPP code "
@@ -34,7 +34,7 @@ DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run 
 TYPES: dict[str, Callable[[str], Any]] = {
     "positive_int": positive_int, "non_negative_int": non_negative_int,
     "non_negative_float": non_negative_float, "positive_float": positive_float,
-    "probability": probability, "seconds": seconds}
+    "probability": probability, "seconds": limit}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

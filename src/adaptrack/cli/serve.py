@@ -22,7 +22,7 @@ from ..generate import MAX_SECONDS
 from ..lm.default import GGUF_NAME
 from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
 from ..serve.engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES
-from .common import UsageError, non_negative_int, positive_int, seconds, utf8_text
+from .common import UsageError, limit, non_negative_int, positive_int, utf8_text
 
 HELP = "serve the model over an OpenAI-compatible HTTP API"
 DESCRIPTION = ("Serve the model over HTTP with OpenAI's API (/v1/completions, "
@@ -81,11 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: 16)")
     parser.add_argument("--max-queue", type=non_negative_int, default=64, metavar="M",
                         help="requests waiting beyond those; more get 429 (default: 64)")
-    parser.add_argument("--timeout", type=seconds, default=MAX_SECONDS, metavar="S",
+    parser.add_argument("--timeout", type=limit, default=MAX_SECONDS, metavar="S",
                         help=f"seconds a request may take from its arrival, 'inf' for no "
                              f"limit; past it 504 and its walks stop (default: "
                              f"{MAX_SECONDS:g})")
-    parser.add_argument("--search-seconds", type=seconds, default=SEARCH_SECONDS, metavar="S",
+    parser.add_argument("--search-seconds", type=limit, default=SEARCH_SECONDS, metavar="S",
                         help="seconds a search (asap, adaptrack, exact) may take before CD "
                              "draws its missing choices, marked in the 'adaptrack' field; a "
                              "request's max_seconds may lower it, its \"fallback\": \"none\" "
