@@ -32,6 +32,7 @@ from .options import FALLBACK_TRIES, METHODS, PARALLEL_WALKS, SEARCHES, Sampling
 from .results import FreeTextWarning, GenerationResult, Sample
 from .sampling.adaptrack import AdapTrack
 from .sampling.base import Method
+from .sampling.budgets import CALLS_RULE
 from .sampling.cd import ConstrainedDecoding
 from .sampling.engine import Engine, Request
 from .sampling.tree import Node, PrefixTree
@@ -186,6 +187,7 @@ class PreparedCall:
         self.samples: list[Sample | None] = [None] * o.n
         self.left = o.n
         self.finished: float | None = None  # when the last sample finished
+        self._budget: int | None = None  # the request's call budget, while the first sample is due
 
     def submit(self, engine: Engine, batch_size: int) -> Request:
         sampler, parallel = self.sampler, self.parallel
@@ -205,6 +207,15 @@ class PreparedCall:
                 # Each sample's share replaces the request's budget: one walk that crawls
                 # no longer spends the others' calls (docs/design.md §6).
                 share, self.tree.max_calls = max(1, math.ceil(calls)), None
+            elif calls is not None and self.n > 1 and self.tree.max_calls is not None:
+                # Shared Q: the first sample is due within (n + 1) / 2 samples' shares, and
+                # the request's budget applies once it came (docs/design.md §6).
+                self._budget = budget = self.tree.max_calls
+                self.tree.max_calls = budget - (math.ceil(calls * self.n)
+                                                - math.ceil(calls * (self.n + 1) / 2))
+                self.tree.budgets.calls_rule = (
+                    "no sample yet: the first is due within search_budget x max_new_tokens x "
+                    "(n + 1) / 2")
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
                                      fallback=fallback, fallback_width=batch_size,
                                      share=share)
@@ -214,6 +225,9 @@ class PreparedCall:
         complete = node.complete and not node.truncated
         valid = complete and (not self.unconstrained or self.matcher.accepts(node.tokens))
         fell = self.request is not None and i in self.request.fallen
+        if self._budget is not None and not fell and self.tree.max_calls is not None:
+            self.tree.max_calls, self._budget = self._budget, None
+            self.tree.budgets.calls_rule = CALLS_RULE
         self.samples[i] = sample = Sample(node.tokens, _text(self.matcher, self.lm, node),
                                           complete, valid, node.logprob, requests, fell)
         self.left -= 1

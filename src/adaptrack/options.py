@@ -236,7 +236,8 @@ class SamplingOptions:
         "--search-budget", "limit",
         "budget: model calls a search (asap, adaptrack, exact) may make, as a multiple of "
         f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes (adaptrack "
-        "without --share-q: each sample's share); 'inf' for none "
+        "without --share-q: each sample's share; a shared Q: the first sample due within "
+        "(n + 1) / 2 shares); 'inf' for none "
         f"(default: {SEARCH_BUDGET:g})", metavar="K"))
     fallback: str | None = field(default="cd", metadata=_flag(
         "--fallback", "choice",
@@ -334,7 +335,9 @@ class SamplingOptions:
         """One sample's share of :attr:`max_calls`: ``search_budget`` x ``max_new_tokens``
         (at least :data:`SEARCH_TOKENS`). With the fallback, the walk of a method whose
         samples are independent (``adaptrack`` without ``share_q``) falls back alone once
-        that many model calls were made for it; the others search on (docs/design.md §6).
+        that many model calls were made for it; the others search on. Where n > 1 samples
+        share one Q, every sample falls back if the first has not come within (n + 1) / 2
+        shares (docs/design.md §6).
 
         >>> SamplingOptions(n=5, max_new_tokens=100, search_budget=3).sample_calls
         300.0

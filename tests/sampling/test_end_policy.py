@@ -202,18 +202,20 @@ def test_fallback_none_raises_the_budget_with_the_finished_samples():
                                             ("exact", {})])
 def test_a_search_makes_at_most_its_budget_of_model_calls_then_cd_finishes(method, kwargs):
     """``search_budget`` x n x max_new_tokens model calls (the tokens counted as at least
-    64), then the fallback: the request's calls are the search's and at most
-    max_new_tokens a CD walk past them (docs/design.md §6). Under the *eos* target the
-    binary problem's searches need every prefix (31)."""
+    64), the first sample due within (n + 1) / 2 samples' shares of it, then the fallback:
+    the request's calls are the search's and at most max_new_tokens a CD walk past them
+    (docs/design.md §6). Under the *eos* target the binary problem's searches need every
+    prefix (31), so no sample comes by the due; without the fallback the request's budget
+    holds."""
     lm, c = bits()
     with pytest.warns(at.SearchFallbackWarning, match="drawn by CD"):
         res = at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6,
                           end="eos", search_budget=0.02, **kwargs)
-    budget = math.ceil(0.02 * 4 * 64)
+    budget, due = math.ceil(0.02 * 4 * 64), math.ceil(0.02 * 64 * (4 + 1) / 2)
     fell = sum(s.fallback for s in res.samples)
-    assert fell and all(s.valid for s in res.samples)
-    assert f"max_calls={budget} (search_budget x n x max_new_tokens" in res.fallback
-    assert res.stats["lm_calls"] <= budget + fell * 6
+    assert fell == 4 and all(s.valid for s in res.samples)
+    assert f"max_calls={due} (no sample yet: the first is due" in res.fallback
+    assert due < budget and res.stats["lm_calls"] <= due + fell * 6
     with pytest.raises(at.CallLimitError, match=f"max_calls={budget}") as err:
         at.generate(lm, [], c, method=method, n=4, seed=0, max_new_tokens=6, end="eos",
                     search_budget=0.02, fallback=None, **kwargs)

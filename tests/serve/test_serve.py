@@ -705,7 +705,8 @@ def test_a_request_sets_its_own_call_budget(toy):
             "guided_regex": "[a-z]{2,4}", "decoding_method": "exact"}
     status, out = post(url, "/v1/completions", {**body, "search_budget": 0.01})
     assert status == 200 and out["adaptrack"]["fallback_choices"] == [0, 1], out
-    assert "max_calls=2 " in out["adaptrack"]["fallback"]  # 0.01 x 2 x 64 calls
+    # No sample by the first one's due: 0.01 x 64 x (2 + 1) / 2 calls (of 0.01 x 2 x 64).
+    assert "max_calls=1 (no sample yet" in out["adaptrack"]["fallback"]
     status, out = post(url, "/v1/completions", body)  # the library's default: 3
     assert status == 200 and out["adaptrack"]["fallback"] is None
 

@@ -8,6 +8,9 @@ import time
 
 from ..errors import CallLimitError, SearchTimeoutError, TreeLimitError
 
+#: What a search's ``max_calls`` is by default, as its error says.
+CALLS_RULE = "search_budget x n x max_new_tokens"
+
 
 class Budgets:
     """The limits of one prefix tree: ``max_nodes`` prefixes, ``max_opened_bytes`` of opened
@@ -27,12 +30,15 @@ class Budgets:
     the prefix tree reached max_nodes=2; r
     """
 
-    __slots__ = ("max_calls", "max_nodes", "max_opened_bytes", "max_seconds", "started")
+    __slots__ = ("calls_rule", "max_calls", "max_nodes", "max_opened_bytes", "max_seconds",
+                 "started")
 
     def __init__(self, *, max_nodes: int, max_opened_bytes: int,
                  max_seconds: float | None, max_calls: int | None = None) -> None:
         self.max_nodes, self.max_opened_bytes = max_nodes, max_opened_bytes
         self.max_seconds, self.max_calls = max_seconds, max_calls
+        #: What ``max_calls`` is, for the error (the first sample's due sets another).
+        self.calls_rule = CALLS_RULE
         self.started = time.monotonic()
 
     def check_spent(self, nodes: int, calls: int) -> None:
@@ -41,8 +47,8 @@ class Budgets:
         if self.max_calls is not None and calls >= self.max_calls:
             raise CallLimitError(
                 f"the search made {calls} model calls, its budget max_calls={self.max_calls} "
-                f"(search_budget x n x max_new_tokens; {nodes} prefixes); raise "
-                "search_budget (None for no limit)")
+                f"({self.calls_rule}; {nodes} prefixes); raise search_budget (None for no "
+                "limit)")
         self.check_time(nodes, calls)
 
     def check_time(self, nodes: int, calls: int) -> None:
