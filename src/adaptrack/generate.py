@@ -176,7 +176,9 @@ def generate(
     ``generate`` warns (:class:`SearchFallbackWarning`). Where the samples are independent
     (``adaptrack`` without ``share_q``) the call budget is each sample's own instead:
     ``search_budget`` x ``max_new_tokens`` model calls made for its walk, past which that
-    sample alone falls back. ``None`` raises the budget's
+    sample alone falls back; where n > 1 samples share one Q (``exact``, ``asap``,
+    ``share_q``) every sample falls back if the first has not come within (n + 1) / 2 of
+    those shares. ``None`` raises the budget's
     :class:`~adaptrack.SearchLimitError` instead, as below.
 
     An :class:`~adaptrack.AdaptrackError` raised while sampling carries the samples that
