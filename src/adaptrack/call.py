@@ -32,7 +32,7 @@ from .options import FALLBACK_TRIES, METHODS, PARALLEL_WALKS, SEARCHES, Sampling
 from .results import FreeTextWarning, GenerationResult, Sample
 from .sampling.adaptrack import AdapTrack
 from .sampling.base import Method
-from .sampling.budgets import CALLS_RULE
+from .sampling.budgets import CALLS_RULE, FIRST_SAMPLE_RULE
 from .sampling.cd import ConstrainedDecoding
 from .sampling.engine import Engine, Request
 from .sampling.tree import Node, PrefixTree
@@ -211,11 +211,10 @@ class PreparedCall:
                 # Shared Q: the first sample is due within (n + 1) / 2 samples' shares, and
                 # the request's budget applies once it came (docs/design.md §6).
                 self._budget = budget = self.tree.max_calls
-                self.tree.max_calls = budget - (math.ceil(calls * self.n)
-                                                - math.ceil(calls * (self.n + 1) / 2))
-                self.tree.budgets.calls_rule = (
-                    "no sample yet: the first is due within search_budget x max_new_tokens x "
-                    "(n + 1) / 2")
+                whole = self.options.max_calls  # ``budget`` less the calls a reused tree made
+                assert whole is not None  # a search with a budget
+                self.tree.max_calls = budget - whole + math.ceil(calls * (self.n + 1) / 2)
+                self.tree.budgets.calls_rule = FIRST_SAMPLE_RULE
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
                                      fallback=fallback, fallback_width=batch_size,
                                      share=share)

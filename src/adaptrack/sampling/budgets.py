@@ -10,6 +10,9 @@ from ..errors import CallLimitError, SearchTimeoutError, TreeLimitError
 
 #: What a search's ``max_calls`` is by default, as its error says.
 CALLS_RULE = "search_budget x n x max_new_tokens"
+#: What it is while a shared Q's first sample is due (docs/design.md §6).
+FIRST_SAMPLE_RULE = ("no sample yet: the first is due within search_budget x max_new_tokens x "
+                     "(n + 1) / 2")
 
 
 class Budgets:
