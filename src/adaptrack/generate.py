@@ -160,9 +160,9 @@ def generate(
     CD's worst case (``CallLimitError``). Refused before any model work: a prompt that
     with ``max_new_tokens`` exceeds the model's ``context_length`` (``PromptTooLongError``,
     or with ``truncate_prompt=True`` the prompt keeps its last ``context_length -
-    max_new_tokens`` tokens), and, for ``asap``, ``adaptrack`` and ``exact``, a constraint
-    whose shortest complete sequence needs more than ``max_new_tokens`` tokens
-    (``NoValidSequenceError``). With no constraint these three methods warn
+    max_new_tokens`` tokens), and, for every constrained method, a constraint whose
+    shortest complete sequence provably needs more than ``max_new_tokens`` tokens
+    (``NoValidSequenceError``). With no constraint ``asap``, ``adaptrack`` and ``exact`` warn
     (:class:`FreeTextWarning`): they sample text that ends within ``max_new_tokens``;
     ``method="unconstrained"`` is for free text.
 

@@ -543,7 +543,7 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "max_seconds": 0}, 400, "max_seconds", "(0, inf]"),
     ({"prompt": "x", "search_budget": -1}, 400, "search_budget", "(0, inf]"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
-    ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 422, "guided_regex",
+    ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 400, "guided_regex",
      "max_new_tokens=8"),
 ]
 
@@ -590,20 +590,20 @@ def test_chat_errors_name_the_field(toy):
     assert status == 404 and json.loads(data)["error"]["code"] == "not_found"
 
 
-def test_an_empty_language_is_422_with_the_python_apis_error(toy):
+def test_an_empty_language_is_400_with_the_python_apis_error(toy):
     url, lm, _ = toy
     with pytest.raises(at.NoValidSequenceError) as expected:
         at.generate(lm, "x", at.constraints.regex("[ab]{100}"), max_new_tokens=8)
-    with pytest.raises(openai.UnprocessableEntityError) as got:
+    with pytest.raises(openai.BadRequestError) as got:
         client(url).completions.create(model="toy", prompt="x", max_tokens=8,
                                        extra_body={"guided_regex": "[ab]{100}"})
     assert got.value.body["message"] == str(expected.value)
     assert got.value.body["code"] == "no_valid_sequence"
-    # found while sampling (no sequence within top_p's cut), not up front: also 422
+    # found while sampling (no sequence within top_p's cut), not up front: also 400
     lm2 = at.TableLM(["a", "b", "<eos>"], lambda p: [1, 0, 1], eos=2)
     with serving(lm2) as (url2, _):
         status, body = post(url2, "/v1/completions", {"prompt": "a", "guided_choice": ["b"]})
-    assert status == 422 and body["error"]["code"] == "no_valid_sequence"
+    assert status == 400 and body["error"]["code"] == "no_valid_sequence"
 
 
 def test_an_api_key_guards_v1_but_not_health():

@@ -243,7 +243,7 @@ def prepare_calls(lm: LanguageModel, opts: Options, **budgets: Any) -> list[Prep
     ``budgets`` such as ``max_seconds``, which the request's own ``max_seconds`` can only
     lower): the library's own checks, before any model work, as :class:`APIError` naming
     the field (a prompt too long for the context is 400, an empty language found up front
-    422)."""
+    too)."""
     if opts.max_seconds is not None:
         cap = budgets.get("max_seconds")
         budgets["max_seconds"] = opts.max_seconds if cap is None else min(cap, opts.max_seconds)

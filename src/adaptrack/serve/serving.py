@@ -1,7 +1,7 @@
 """The serving logic of ``adaptrack serve``, apart from its routes (``app``): a
 :class:`Server` parses and prepares a request in a worker thread (:func:`.preprocess.parse`,
-:func:`.preprocess.prepare_calls`), so that every 400 and the 422 of an empty language found
-up front are answered before the engine sees it; then it waits for the engine's events
+:func:`.preprocess.prepare_calls`), so that every 400, an empty language found up front
+included, is answered before the engine sees it; then it waits for the engine's events
 (:mod:`.events`) and makes them an :class:`Answer`: a JSON body, a stream of server-sent
 events, or an error.
 
