@@ -545,6 +545,10 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
     ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 400, "guided_regex",
      "max_new_tokens=8"),
+    ({"prompt": "x", "guided_json": {"type": "string", "minLength": 10**9}, "max_tokens": 8},
+     400, "guided_json", "max_new_tokens=8"),
+    ({"prompt": "x", "guided_grammar": 'start: "a" start', "max_tokens": 8}, 400,
+     "guided_grammar", "max_new_tokens=8"),
 ]
 
 
