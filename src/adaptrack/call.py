@@ -264,6 +264,7 @@ class PreparedCall:
             "ff_unencodable": tree.ff_unencodable,
             "prompt_tokens": len(self.ids),
             "fallback_samples": sum(s.fallback for s in finished),
+            "forward_passes": 0 if self.request is None else self.request.passes,
             "seconds": (self.finished or time.perf_counter()) - self.started,
             **self.matcher.stats(),
         }
