@@ -147,6 +147,27 @@ def test_runner_resumes_without_losing_or_redoing_work(tmp_path):
     assert seen == [(4, 0)]  # counts only this task's jobs
 
 
+def test_a_record_line_written_twice_counts_once(tmp_path):
+    path = tmp_path / "r.jsonl"
+    runner.run(Squares(3), path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[2], lines[1]]) + "\n")  # j1 and j0 again
+    _, records = runner.read_results(path)
+    assert [r["key"] for r in records] == ["j0", "j1", "j2"]
+    again = Squares(4)
+    assert [r["key"] for r in runner.run(again, path)] == ["j0", "j1", "j2", "j3"]
+    assert again.ran == [3]
+
+
+def test_report_plots_into_a_file_is_a_one_line_error(tmp_path, capsys):
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(gzip.decompress((RESULTS / "binary.jsonl.gz").read_bytes()))
+    for plots in ("/etc/passwd", "/etc/passwd/x"):
+        assert main(["report", str(path), "--plots", plots]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"adaptrack: error: --plots {plots}") and err.count("\n") == 1
+
+
 def test_runner_refuses_a_file_from_other_options(tmp_path):
     path = tmp_path / "r.jsonl"
     runner.run(Squares(2), path)

@@ -202,8 +202,9 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
     """The header, the records and the byte length of the whole lines of a results file
     open for reading, each line checked: the header is an object with a ``task`` name and
     options of the right types (:data:`HEADERS`), each record an object holding what its
-    task's records hold (:data:`RECORDS`). Blank lines are skipped; a last line without a
-    newline (cut short by an interrupt) is left out of all three. Anything else raises
+    task's records hold (:data:`RECORDS`). A job's later lines (a record written twice,
+    files joined) are left out: the first one counts. Blank lines are skipped; a last line
+    without a newline (cut short by an interrupt) is left out of all three. Anything else raises
     :class:`ResultsMismatchError` naming the line and what is wrong with it.
 
     >>> import io
@@ -218,6 +219,7 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
     fix = "; fix or delete that line"
     header: dict[str, Any] | None = None
     records: list[Record] = []
+    keys: set[str] = set()
     size = number = 0
     while True:
         raw = file.readline(LINE_LIMIT + 1)
@@ -250,7 +252,10 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
             if wrong:
                 raise ResultsMismatchError(f"{path}: header option {wrong}{hint}")
             continue
-        records.append(_record(obj, header["task"], f"{path} line {number}", fix))
+        record = _record(obj, header["task"], f"{path} line {number}", fix)
+        if record["key"] not in keys:  # a line written twice (files joined): counted once
+            keys.add(record["key"])
+            records.append(record)
     if header is None:
         raise ResultsMismatchError(
             f"{path} is not an adaptrack results file (no header line){hint}")
