@@ -7,13 +7,17 @@ may also run a group of jobs together, ``run_many``, to share batched model call
 :class:`Pool` runs jobs and yields records as they finish (:mod:`~adaptrack.eval.pools`:
 in this process, local worker processes, Ray actors); :func:`run` does not depend on which.
 
-The results file starts with one header line, ``{"header": {...task.config()}}``; each later
-line is one job's record, written and flushed as soon as the job finishes. :func:`run` on an
-existing file checks that the header matches (else :class:`ResultsMismatchError`, which
-says which option differs), skips the jobs already recorded and appends the rest, so an
-interrupted run resumes without losing or redoing work. A line cut short by an interrupt is
-dropped. One run at a time writes a file (an exclusive lock); every record is stamped with
-``started_at`` and ``finished_at`` (epoch seconds) for wall-time reports.
+The results file starts with one header line, ``{"header": {...task.config()}}``; each
+later line is one job's record, written and flushed as soon as the job finishes: a group of
+jobs served by one engine hands over each record when its job's calls are done
+(``run_each``; the API tasks), so ``kill -9`` loses only the jobs in flight. The code tasks
+score a problem's completions after its group's generation, and a Ray actor returns a whole
+group. :func:`run` on an existing file checks that the header matches (else
+:class:`ResultsMismatchError`, which says which option differs), skips the jobs already
+recorded and appends the rest, so an interrupted run resumes without losing or redoing
+work. A line cut short by an interrupt is dropped. One run at a time writes a file (an
+exclusive lock); every record is stamped with ``started_at`` and ``finished_at`` (epoch
+seconds) for wall-time reports.
 
 Resuming and reporting read a file the same way (:func:`parse_results`): a path that is not
 a regular file is refused unread (a device or a FIFO may never end), no line may exceed
