@@ -28,7 +28,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -264,8 +264,13 @@ class CodeTask(ModelTask):
         return make(problem.prefix, problem.stop)
 
     def run_many(self, jobs: list[Job]) -> list[Record]:
-        """The records of ``jobs``, in order: their greedy and sampled ``generate`` calls
-        share one engine; then every completion runs in the sandbox."""
+        """The records of ``jobs``, in order (:meth:`run_each`)."""
+        return list(self.run_each(jobs))
+
+    def run_each(self, jobs: list[Job]) -> Iterator[Record]:
+        """The records of ``jobs``, in order, each as soon as it is scored: their greedy
+        and sampled ``generate`` calls share one engine; then every completion runs in the
+        sandbox."""
         by_id = {p.task_id: p for p in self.problems()}
         calls = []
         for job in jobs:
@@ -291,7 +296,10 @@ class CodeTask(ModelTask):
 
         records = self.greedy_and_sampled(calls, self.n, self.temperature, self.batch_size,
                                           finish)
-        return [self._score(by_id[r["problem"]], r) if "texts" in r else r for r in records]
+        # Scored after the whole group's generation: a program's run time is not taken
+        # from the other jobs' search budgets.
+        for r in records:
+            yield self._score(by_id[r["problem"]], r) if "texts" in r else r
 
     def _score(self, problem: CodeProblem, record: Record) -> Record:
         """``record`` with its completions cut, checked and executed (programs in parallel
