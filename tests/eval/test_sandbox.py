@@ -8,6 +8,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,23 @@ print("the grandchild runs", flush=True)
     assert out.status == ("pass" if leave == "pass" else "timeout"), out.output
     assert "the grandchild runs" in out.output
     assert _running(token) == [], "a grandchild outlived the run"
+
+
+def test_unsandboxed_the_process_group_is_killed(monkeypatch):
+    # Without isolation only the group kill holds: a child in the group dies with the run.
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "bwrap is not installed")
+    token = str(secrets.randbelow(10**12))
+    out = run(f"""
+import os, time
+if os.fork() == 0:
+    {_sleeper(token)}
+while not any({token!r} in open(f"/proc/{{p}}/cmdline").read()
+              for p in os.listdir("/proc") if p.isdigit()):
+    time.sleep(0.05)
+""", timeout=5)
+    assert (out.status, out.isolated) == ("pass", False), out.output
+    for _ in range(100):  # SIGKILL is delivered at once; reaping by init may take a moment
+        if not _running(token):
+            break
+        time.sleep(0.05)
+    assert _running(token) == [], "a child in the program's process group outlived the run"
