@@ -91,3 +91,10 @@ class ResultsMismatchError(AdaptrackError):
 class WorkerError(AdaptrackError):
     """An evaluation worker process failed to set up (the message carries its error) or
     died."""
+
+
+class SandboxUnavailableError(AdaptrackError):
+    """Generated code would run without isolation (no bubblewrap here, or the kernel
+    refuses its namespaces) and the caller did not allow that explicitly
+    (``allow_unsandboxed=True``, ``--unsafe-run-code``); the message says what is missing
+    and how to install it."""
