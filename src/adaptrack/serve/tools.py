@@ -27,13 +27,16 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..constraints.grammar import JSON_WHITESPACE
 from .constraint_spec import ConstraintSpec
 from .errors import bad
 from .tool_protocol import ChatMessage, Tool
 
 #: Where a call starts and ends in the text (Hermes' tags).
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: Whitespace between a call's JSON tokens: none or one space (a call is one line, written
+#: compact or as ``json.dumps`` writes it). Newlines and runs of spaces would let a model pad
+#: a call, which a search then spends its calls backing out of.
+CALL_WHITESPACE = "[ ]?"
 #: Free text (llguidance's regex: any characters, newlines included).
 _TEXT = "/(?s:.*)/"
 
@@ -45,7 +48,7 @@ def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
         "name": {"const": t.function.name}, "arguments": t.function.schema()},
         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema: dict[str, Any] = branches[0] if len(branches) == 1 else {"anyOf": branches}
-    return {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+    return {**schema, "x-guidance": {"whitespace_pattern": CALL_WHITESPACE}}
 
 
 def tool_grammar(tools: Sequence[Tool], mode: str, parallel: bool = True) -> str:
@@ -53,10 +56,11 @@ def tool_grammar(tools: Sequence[Tool], mode: str, parallel: bool = True) -> str
     ``required`` or ``named``, whose ``tools`` is the named one alone).
 
     >>> t = Tool.model_validate({"type": "function", "function": {"name": "f"}})
-    >>> tool_grammar([t], "required", parallel=False).splitlines()[0]
-    'start: "<tool_call>" body'
+    >>> tool_grammar([t], "required", parallel=False).splitlines()[0].split()[:3]
+    ['start:', '"<tool_call>"', 'body']
     """
-    more = ' ("\\n" "<tool_call>" body)*' if parallel else ""
+    # A newline may end the calls: models trained on the format write one after a call.
+    more = (' ("\\n" "<tool_call>" body)*' if parallel else "") + ' "\\n"?'
     first = f'"{OPEN}" body{more}'
     start = f"TEXT | head body{more}" if mode == "auto" else first
     return "\n".join([
