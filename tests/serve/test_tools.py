@@ -158,7 +158,7 @@ def test_a_streamed_tool_call_is_the_one_not_streamed(toy, method):
 
 
 def test_tool_choice_none_leaves_the_tools_out(toy):
-    url, _, server = toy
+    url, _, _ = toy
     r = client(url).chat.completions.create(
         model="toy", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=20, seed=0)
     assert r.choices[0].message.tool_calls is None

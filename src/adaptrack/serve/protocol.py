@@ -344,7 +344,7 @@ class ChatCompletionRequest(BaseRequest):
     @property
     def constraint_fields(self) -> list[str]:
         given = super().constraint_fields
-        return given + ["tools"] if self.tool_mode is not None else given
+        return [*given, "tools"] if self.tool_mode is not None else given
 
 
 #: The request model of each endpoint kind.

@@ -323,7 +323,7 @@ class _Chunks:
         self.begun: set[int] = set()
         self.sent: dict[int, int] = {}  # characters of token text streamed per choice
 
-    def _chunk(self, index: int, text: str, **extra: Any) -> str:
+    def _chunk(self, index: int, text: str | None, **extra: Any) -> str:
         r, s = self.reply, self.server
         first = index not in self.begun
         self.begun.add(index)

@@ -3,7 +3,7 @@
 tool's result), a tool (a function and its ``parameters`` schema), a ``tool_choice`` and
 vLLM's ``structured_outputs`` object.
 
->>> Tool.model_validate({"type": "function", "function": {"name": "f"}}).function.schema()
+>>> Tool.model_validate({"type": "function", "function": {"name": "f"}}).function.arguments_schema()
 {'type': 'object', 'properties': {}}
 """
 
@@ -96,7 +96,7 @@ class Function(_Strict):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
-    def schema(self) -> dict[str, Any]:
+    def arguments_schema(self) -> dict[str, Any]:
         """The arguments' schema (an object with no properties when not given)."""
         return self.parameters if self.parameters is not None else {
             "type": "object", "properties": {}}

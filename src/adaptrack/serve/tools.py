@@ -45,7 +45,7 @@ def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
     """The JSON schema of one call: ``{"name": ..., "arguments": ...}`` with the name one of
     ``tools``' and the arguments under that function's ``parameters``, name first."""
     branches = [{"type": "object", "properties": {
-        "name": {"const": t.function.name}, "arguments": t.function.schema()},
+        "name": {"const": t.function.name}, "arguments": t.function.arguments_schema()},
         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema: dict[str, Any] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     return {**schema, "x-guidance": {"whitespace_pattern": CALL_WHITESPACE}}
