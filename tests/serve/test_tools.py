@@ -349,7 +349,7 @@ def test_a_named_tool_call_on_the_default_model(default_model):
         r = client(url).chat.completions.create(
             model="toy", messages=[{"role": "user", "content": "Weather in Paris?"}],
             tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            max_tokens=30, seed=0, parallel_tool_calls=False)
+            max_tokens=40, seed=0, parallel_tool_calls=False)
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1
     args = json.loads(ch.message.tool_calls[0].function.arguments)
