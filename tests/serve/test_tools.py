@@ -20,9 +20,12 @@ pytest.importorskip("uvicorn", reason="adaptrack serve needs the serve extra")
 jsonschema = pytest.importorskip("jsonschema", reason="arguments are checked by jsonschema")
 
 from loopback import client, serving  # noqa: E402
+from stats import chi_square_p  # noqa: E402
 
 import adaptrack as at  # noqa: E402
 from adaptrack.serve import APIError, parse  # noqa: E402
+from adaptrack.serve.tool_protocol import Tool  # noqa: E402
+from adaptrack.serve.tools import tool_spec  # noqa: E402
 
 
 def _call(name: str, args: dict, sep: str = ", ") -> str:
@@ -227,6 +230,52 @@ def test_bad_tool_requests_name_the_field(toy, body, param, words):
               chat_template=lambda m: "assistant:")
     assert err.value.status == 400 and err.value.param == param, err.value.message
     assert words in err.value.message
+
+
+# -- what auto samples ----------------------------------------------------------------------
+
+SMALL = ["<tool_call>", "\n", '{"name": "f", "arguments": {"x": ', "1", "2", "9", "}}",
+         "</tool_call>", "hi", "<", "x", "<eos>"]
+FOLLOW = {"start": {"<tool_call>": 1, "hi": 1, "<": 0.5}, "<tool_call>": {"\n": 1, "x": 0.3},
+          "{": {"1": 1, "2": 1, "9": 1}, "1": {"}}": 1}, "2": {"}}": 1}, "9": {"}}": 1},
+          "}}": {"\n": 1}, "</tool_call>": {"<eos>": 1, "\n": 0.5},
+          "hi": {"<eos>": 1, "hi": 0.5, "<tool_call>": 0.3}, "<": {"x": 1},
+          "x": {"<eos>": 1, "hi": 0.3}}
+AFTER_NEWLINE = {"<tool_call>": {SMALL[2]: 1, "hi": 0.2}, "}}": {"</tool_call>": 1, "hi": 0.1}}
+
+
+def small_weights(prefix: tuple[int, ...]) -> np.ndarray:
+    """A model that calls f, answers "hi", or writes "<x", a little of each off the format."""
+    last = "start" if len(prefix) == 1 else SMALL[prefix[-1]]
+    if last == "\n":
+        follow = AFTER_NEWLINE.get(SMALL[prefix[-2]], {"<tool_call>": 1})
+    else:
+        follow = FOLLOW["{" if last.startswith("{") else last]
+    w = np.zeros(len(SMALL))
+    for token, weight in follow.items():
+        w[SMALL.index(token)] = weight
+    return w
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_auto_samples_the_target_of_text_or_calls(parallel):
+    """``exact`` samples the tool grammar's target as enumerated: text, calls after text,
+    calls whose arguments break the schema (x = 9) and a second call too long for
+    max_tokens all weighed right. (A lazy lexeme in place of the negated text gave another
+    language to the masks than to the enumeration: p < 1e-6 here.)"""
+    lm = at.TableLM(SMALL, small_weights, eos=len(SMALL) - 1)
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"],
+        "additionalProperties": False}}})
+    constraint = tool_spec([tool], "auto", parallel).build()
+    target = at.exact_distribution(lm, [8], constraint, max_new_tokens=10)
+    calls = [s for s in target if 0 in s]  # 0: <tool_call>
+    assert 0.1 < sum(target[s] for s in calls) < 0.5  # both answers weigh
+    r = at.generate(lm, [8], constraint, method="exact", n=2000, seed=0, max_new_tokens=10)
+    observed: dict = {}
+    for sample in r.samples:
+        observed[sample.tokens] = observed.get(sample.tokens, 0) + 1
+    assert chi_square_p(observed, target) > 1e-3
 
 
 # -- structured_outputs ---------------------------------------------------------------------

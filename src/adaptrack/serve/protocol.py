@@ -12,8 +12,10 @@ pydantic's errors into an :class:`~.errors.APIError` naming the field.
 Fields, as OpenAI and vLLM spell them: ``prompt`` (a string, a list of token ids, or a list
 of either for several prompts) or ``messages``, ``n``, ``max_tokens`` (chat also
 ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``logprobs``,
-``stream`` (with ``stream_options.include_usage``); the constraints ``response_format``
-(``text``, ``json_object``, ``json_schema``), ``guided_json``, ``guided_regex``,
+``stream`` (with ``stream_options.include_usage``); chat's ``top_logprobs``, ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` (:mod:`.tool_protocol`); the constraints
+``structured_outputs`` (vLLM's), ``response_format`` (``text``, ``json_object``,
+``json_schema``), ``guided_json`` (with ``guided_whitespace_pattern``), ``guided_regex``,
 ``guided_choice``, ``guided_grammar`` (GBNF when a line defines a rule with ``::=``, else
 Lark) and ``guided_api_names`` (dotted names, :func:`adaptrack.constraints.api_names`); and
 adaptrack's ``decoding_method``, ``share_q``, ``max_backtrack``, ``fast_forward``, ``end``,

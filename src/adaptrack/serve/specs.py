@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llguidance import StructTag
-
+from ..constraints.grammar import JSON_WHITESPACE
 from .constraint_spec import ConstraintSpec
 from .errors import bad
 from .protocol import BaseRequest, ChatCompletionRequest
 from .tool_protocol import StructuredOutputs
-from .tools import tool_spec
+from .tools import text_without, tool_spec
 
 
 def _json(value: Any, field: str, whitespace: dict[str, Any] | None = None) -> ConstraintSpec:
@@ -41,8 +40,10 @@ def _json(value: Any, field: str, whitespace: dict[str, Any] | None = None) -> C
 
 def _structural_tag(value: Any) -> ConstraintSpec:
     """vLLM's structural tag ``{"structures": [{"begin", "schema", "end"}], "triggers":
-    [...]}`` (its JSON text or the object), as llguidance's :class:`StructTag` grammar:
-    any text, in which each trigger starts a structure whose body follows its schema."""
+    [...]}`` (its JSON text or the object) as a Lark grammar: text without a trigger, and
+    after each trigger one of the structures that begin with it (its body under its schema,
+    then its end), then text again. The text is a negated regex (:func:`.tools.text_without`)
+    rather than llguidance's lazy lexemes, for the reason :mod:`.tools` gives."""
     field = "structured_outputs.structural_tag"
     if isinstance(value, str):
         try:
@@ -50,22 +51,31 @@ def _structural_tag(value: Any) -> ConstraintSpec:
         except ValueError as err:
             raise bad(field, f"not JSON: {err}") from None
     if not (isinstance(value, dict) and isinstance(value.get("structures"), list)
-            and isinstance(value.get("triggers"), list) and value["structures"]):
+            and isinstance(value.get("triggers"), list) and value["structures"]
+            and all(isinstance(t, str) and t for t in value["triggers"])):
         raise bad(field, "only the form {\"structures\": [{\"begin\", \"schema\", \"end\"}, "
-                         "...], \"triggers\": [...]} is supported; use grammar for others")
-    tags = []
+                         "...], \"triggers\": [non-empty strings]} is supported; write others "
+                         "as a grammar")
+    rules = []
     for k, s in enumerate(value["structures"]):
         if not (isinstance(s, dict) and isinstance(s.get("begin"), str)
                 and isinstance(s.get("end"), str) and isinstance(s.get("schema"), dict)):
             raise bad(field, f"structures[{k}] needs a string begin and end and a schema "
                              "object")
-        trigger = next((t for t in value["triggers"]
-                        if isinstance(t, str) and t and s["begin"].startswith(t)), None)
-        if trigger is None:
+        if not any(s["begin"].startswith(t) for t in value["triggers"]):
             raise bad(field, f"structures[{k}]'s begin {s['begin']!r} starts with no trigger")
-        tags.append(StructTag(trigger=trigger, begin=s["begin"], grammar=s["schema"],
-                              end=s["end"]))
-    return ConstraintSpec("lark", StructTag.to_grammar(tags, assume_special=False))
+        schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **s["schema"]}
+        rules.append(f"tag_{k}: {_lark_string(s['begin'])} %json {json.dumps(schema)} "
+                     f"{_lark_string(s['end'])}")
+    tags = " | ".join(f"tag_{k}" for k in range(len(rules)))
+    text = text_without(value["triggers"])
+    return ConstraintSpec("lark", "\n".join([f"start: TEXT (({tags}) TEXT)*", *rules,
+                                             f"TEXT: {text}"]))
+
+
+def _lark_string(text: str) -> str:
+    """``text`` as a Lark string literal (nothing when empty)."""
+    return json.dumps(text, ensure_ascii=False) if text else ""
 
 
 def _structured(so: StructuredOutputs) -> ConstraintSpec:

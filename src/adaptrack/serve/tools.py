@@ -13,9 +13,12 @@ The constraint (:func:`tool_grammar`, a Lark grammar for llguidance) makes the c
 one of the tools' and its arguments valid under that function's ``parameters`` schema, so
 the request's method samples it (AdapTrack and ``exact`` without distortion):
 ``required`` is one call or more (one with ``parallel_tool_calls: false``), a named
-``tool_choice`` the same with that function alone, and ``auto`` either any text without a
-call or text up to the marker and then calls (a lazy lexeme ends the text at the first
-``<tool_call>``, after which only a valid call may follow).
+``tool_choice`` the same with that function alone, and ``auto`` either text without ``<tool_call>``
+or such text and then calls: once ``<tool_call>`` is written, only a valid call may follow.
+(A lazy lexeme ending the text at the first ``<tool_call>``, as llguidance's structural
+tags have it, gives the same language, but its masks and its accepted texts disagree at
+places, and the searches then sample another distribution than the enumerated target;
+the negated regex agrees with it, ``tests/serve/test_tools.py``.)
 
 >>> split_calls('Let me see.<tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')
 ('Let me see.', [('f', '{"x": 1}')])
@@ -37,8 +40,20 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: compact or as ``json.dumps`` writes it). Newlines and runs of spaces would let a model pad
 #: a call, which a search then spends its calls backing out of.
 CALL_WHITESPACE = "[ ]?"
-#: Free text (llguidance's regex: any characters, newlines included).
-_TEXT = "/(?s:.*)/"
+#: Characters a regex of llguidance (Rust's syntax, between ``/``) must escape.
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
+
+
+def text_without(marks: Sequence[str]) -> str:
+    """A Lark terminal of any text that holds none of ``marks`` (llguidance's ``&`` and
+    ``~`` on regexes; the intersection with ``.*`` keeps the negation to valid UTF-8).
+
+    >>> text_without(["<a>"])
+    '/(?s:.*)/ & ~/(?s:.*)(?:<a>)(?s:.*)/'
+    """
+    alternatives = "|".join("".join(f"\\{c}" if c in _REGEX_META else c for c in m)
+                            for m in marks)
+    return f"/(?s:.*)/ & ~/(?s:.*)(?:{alternatives})(?s:.*)/"
 
 
 def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
@@ -61,14 +76,10 @@ def tool_grammar(tools: Sequence[Tool], mode: str, parallel: bool = True) -> str
     """
     # A newline may end the calls: models trained on the format write one after a call.
     more = (' ("\\n" "<tool_call>" body)*' if parallel else "") + ' "\\n"?'
-    first = f'"{OPEN}" body{more}'
-    start = f"TEXT | head body{more}" if mode == "auto" else first
-    return "\n".join([
-        f"start: {start}",
-        f'head[lazy]: TEXT "{OPEN}"',
-        f'body: "\\n" %json {json.dumps(call_schema(tools))} "\\n{CLOSE}"',
-        f"TEXT: {_TEXT}",
-    ])
+    calls = f'"{OPEN}" body{more}'
+    lines = [f"start: TEXT | TEXT {calls}" if mode == "auto" else f"start: {calls}",
+             f'body: "\\n" %json {json.dumps(call_schema(tools))} "\\n{CLOSE}"']
+    return "\n".join([*lines, f"TEXT: {text_without([OPEN])}"] if mode == "auto" else lines)
 
 
 def tool_spec(tools: Sequence[Tool], mode: str, parallel: bool,
