@@ -8,7 +8,8 @@
 turns their errors into OpenAI's error object; ``preprocess`` makes a validated request
 :func:`prepare`d calls (:func:`parse`, :func:`prepare_calls`), with its constraint from
 ``specs`` and its tools' prompt and grammar from ``tools``; ``engine_loop`` steps the
-engine in one thread over every request in flight and tells of each through the dataclasses of ``events``;
+engine in one thread over every request in flight and tells of each through the
+dataclasses of ``events``;
 ``serving`` answers a request from those events, ``responses`` shapes the bodies and
 chunks, ``app`` holds the routes, ``metrics`` the Prometheus counters. What needs the extra
 is imported on first use, so that the command line starts without it.
