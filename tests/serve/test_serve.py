@@ -519,7 +519,19 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "(0, 1]"),
     ({"prompt": "x", "seed": -1}, 400, "seed", "between 0"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
-    ({"prompt": "x", "logprobs": 2}, 400, "logprobs", "top alternatives"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs", "between 0 and 20"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}}, 400,
+     "structured_outputs", "exactly one"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a"}, "guided_regex": "a"}, 400,
+     "guided_regex", "at most one"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, 400,
+     "structured_outputs", "apply to json"),
+    ({"prompt": "x", "structured_outputs": {"structural_tag": {"format": {}}}}, 400,
+     "structured_outputs.structural_tag", "only the form"),
+    ({"prompt": "x", "guided_whitespace_pattern": " "}, 400, "guided_whitespace_pattern",
+     "JSON constraint"),
+    ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tools", "not supported"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options",
      "stream"),
     ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
@@ -586,7 +598,7 @@ def test_chat_errors_name_the_field(toy):
     assert "only text" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "x"}],
-                                  logprobs=True, top_logprobs=3)
+                                  logprobs=True, top_logprobs=21)
     assert e.value.body["param"] == "top_logprobs"
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
