@@ -90,3 +90,8 @@ class ResultsMismatchError(AdaptrackError):
 class WorkerError(AdaptrackError):
     """An evaluation worker process failed to set up (the message carries its error) or
     died."""
+
+
+class ReplicaError(AdaptrackError):
+    """The replicas of ``adaptrack serve --replicas`` cannot run: Ray Serve is missing (the
+    message names the extra to install) or a replica failed to start (its error)."""

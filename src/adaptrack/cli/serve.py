@@ -97,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bytes of prefix trees kept for requests that repeat a prompt "
                              "and its options; 0 keeps none (default: "
                              f"{TREE_CACHE_BYTES >> 20} MiB)")
+    parser.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                        help="serve N replicas of the model on Ray Serve behind this one "
+                             "endpoint, a request routed to the replica that served its "
+                             "prompt's prefix (default: 1, this process alone; needs the "
+                             "replicas extra)")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's log level (default: info: one line per request)")
@@ -144,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"adaptrack serve needs the serve extra: pip install "
                          f"'adaptrack[serve]' ({err})") from None
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if args.replicas > 1:
+        from .serve_replicas import run_replicas
+
+        return run_replicas(args, api_key)
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails fast
     try:
         lm = load_model(args.model, backend=args.backend, device=args.device,
@@ -161,16 +170,20 @@ def run(args: argparse.Namespace) -> int:
                    if model is not None else "")
         print(f"adaptrack: serving {name!r}{weights} at http://{where}:{port}/v1 (SIGTERM or "
               "Ctrl-C stops after the requests in flight)", file=sys.stderr, flush=True)
-        if not _loopback(args.host) and api_key is None:
-            print(f"adaptrack: warning: listening on {args.host} without an API key: anyone "
-                  f"who can reach it can use the model (--api-key or ${API_KEY_ENV})",
-                  file=sys.stderr, flush=True)
+        _warn_open(args.host, api_key)
         config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                 timeout_graceful_shutdown=None)
         _serve(uvicorn.Server(config), sock)
     finally:
         sock.close()
     return 0
+
+
+def _warn_open(host: str, api_key: str | None) -> None:
+    if not _loopback(host) and api_key is None:
+        print(f"adaptrack: warning: listening on {host} without an API key: anyone "
+              f"who can reach it can use the model (--api-key or ${API_KEY_ENV})",
+              file=sys.stderr, flush=True)
 
 
 def _serve(server: Any, sock: socket.socket) -> None:

@@ -1,0 +1,237 @@
+"""``adaptrack serve --replicas N``: N replicas of the server on Ray Serve, one model each,
+behind one endpoint (:mod:`.front`) that routes by prompt prefix (:mod:`.routing`).
+
+A :class:`Replica` is a Ray Serve deployment holding a whole :class:`~.serving.Server`
+(its model, engine thread, tree cache and metrics): it answers a request the way the
+single-process server's route does and names itself in the answer (the ``adaptrack``
+object's ``replica`` and the ``X-Adaptrack-Replica`` header). :func:`launch` starts Ray
+(or joins the cluster ``RAY_ADDRESS`` names) and deploys the N replicas as one Serve
+application, so that they load their models at once; Serve's own HTTP proxy stays off
+(the front listens on the user's host and port). :meth:`Replicas.close` deletes them after
+the front has drained: Serve waits for the requests a replica still holds, then calls its
+``__del__``, which finishes its engine.
+
+Needs Ray Serve (the ``replicas`` extra); this module imports Ray only in :func:`launch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ReplicaError
+from ..lm.base import LanguageModel
+from .errors import APIError
+from .serving import Answer, Server
+
+#: The response header naming the replica that answered (also in a body's ``adaptrack``).
+REPLICA_HEADER = "X-Adaptrack-Replica"
+#: The Serve application the replicas form.
+APP_NAME = "adaptrack"
+#: The one-line fix printed when Ray Serve is missing.
+INSTALL = "pip install 'adaptrack[replicas]'"
+
+
+@dataclass(frozen=True)
+class Head:
+    """The first item a replica yields for a request: its status, headers and JSON body,
+    or ``stream`` when server-sent events (strings) follow."""
+
+    status: int
+    body: dict[str, Any] | None
+    headers: dict[str, str]
+    stream: bool = False
+
+
+class Replica:
+    """One replica: a :class:`Server` over the model ``load()`` returns, named ``name``
+    (``replica-0``, ...); ``options`` are the server's. The methods are what the front
+    calls through Ray Serve's handles.
+
+    >>> import adaptrack as at
+    >>> toy = lambda: at.TableLM([b"a", b"b", b"<eos>"], lambda p: [1, 1, 1], eos=2)
+    >>> r = Replica("replica-0", toy, {"model_name": "toy"})
+    >>> r.health()[0], "adaptrack_requests_total" in r.metrics_text()
+    (200, True)
+    >>> r.close()
+    """
+
+    def __init__(self, name: str, load: Callable[[], LanguageModel],
+                 options: dict[str, Any]) -> None:
+        self.name = name
+        self.server = Server(load(), **options)
+        self.server.start()
+
+    async def generate(self, kind: str, body: bytes, endpoint: str, authorization: str,
+                       waited: float) -> AsyncIterator[Head | str]:
+        """Answer a request of ``kind`` whose ``body`` the front read ``waited`` seconds
+        after it arrived: a :class:`Head`, then the stream's events, if any. Cancelled
+        (the client left), the request's walks are cancelled too."""
+        started, arrived = time.perf_counter(), time.monotonic() - waited
+        gone = asyncio.Event()
+        try:
+            self.server.authorize(authorization)
+        except APIError as err:
+            answer = self.server.error(err, endpoint, started)
+        else:
+            task = asyncio.ensure_future(self.server.generate(kind, body, endpoint, started,
+                                                              arrived, gone.wait))
+            try:
+                answer = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                gone.set()  # the server cancels the request's walks and counts a 499
+                await task
+                raise
+        yield self._head(answer)
+        if answer.stream is not None:
+            async for piece in answer.stream:
+                yield self._named(piece)
+
+    def models(self, authorization: str) -> tuple[int, dict[str, Any]]:
+        """``/v1/models``: its status and body."""
+        try:
+            self.server.authorize(authorization)
+        except APIError as err:
+            return err.status, err.body()
+        return 200, self.server.models()
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """``/health`` of this replica: its status and body."""
+        answer = self.server.health()
+        return answer.status, answer.body or {}
+
+    def metrics_text(self) -> str:
+        """This replica's Prometheus text."""
+        return self.server.metrics_text()
+
+    def close(self) -> None:
+        """Refuse new requests, finish those in flight, stop the engine thread (again:
+        nothing)."""
+        server = getattr(self, "server", None)  # None: the model did not load
+        if server is not None:
+            server.close()
+
+    def __del__(self) -> None:  # Serve calls it once the replica has drained
+        self.close()
+
+    def _head(self, answer: Answer) -> Head:
+        body = answer.body
+        if body is not None and isinstance(body.get("adaptrack"), dict):
+            body["adaptrack"]["replica"] = self.name
+        return Head(answer.status, body, {**answer.headers, REPLICA_HEADER: self.name},
+                    answer.stream is not None)
+
+    def _named(self, piece: str) -> str:
+        """A server-sent event, with the replica named in its ``adaptrack`` object (the
+        final chunk's, with ``include_usage``)."""
+        if not piece.startswith("data: {") or '"adaptrack"' not in piece:
+            return piece
+        data = json.loads(piece[len("data: "):])
+        if isinstance(data.get("adaptrack"), dict):
+            data["adaptrack"]["replica"] = self.name
+        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class _Group:
+    """The Serve application's root: it binds the replicas so that Serve deploys them
+    together (each loads its model at the same time); requests go to the replicas."""
+
+    def __init__(self, *replicas: Any) -> None:
+        self.count = len(replicas)
+
+    def size(self) -> int:
+        return self.count
+
+
+@dataclass
+class Replicas:
+    """The running replicas: their ``names`` and Serve ``handles`` by name;
+    :meth:`close` deletes them (and stops the Ray this process started)."""
+
+    names: list[str]
+    handles: dict[str, Any]
+    started_ray: bool = False
+    _closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        from ray import serve
+
+        serve.delete(APP_NAME)
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def ray_serve() -> tuple[Any, Any]:
+    """``(ray, ray.serve)``, or :class:`ReplicaError` saying which extra to install.
+
+    >>> ray_serve()[1].__name__
+    'ray.serve'
+    """
+    try:
+        import ray
+        from ray import serve
+    except ImportError as err:
+        raise ReplicaError(f"--replicas needs Ray Serve: {INSTALL} ({err})") from None
+    return ray, serve
+
+
+def share(ray: Any, resource: str, count: int) -> float:
+    """An equal share of the cluster's ``resource`` ("CPU", "GPU") for each of ``count``
+    replicas, at most one node's, whole above 1 (Ray takes fractions below 1 only): what
+    Ray can always place."""
+    nodes = [n.get("Resources", {}).get(resource, 0.0) for n in ray.nodes() if n.get("Alive")]
+    each = min(sum(nodes) / count, max(nodes, default=0.0))
+    return float(int(each)) if each >= 1 else math.floor(each * 10_000) / 10_000
+
+
+def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any], *,
+           gpus: bool = True, actor_options: dict[str, Any] | None = None) -> Replicas:
+    """Start ``count`` replicas, each a :class:`Replica` over ``load()`` with the server
+    ``options``, and wait until every one has loaded its model. Uses the Ray this process
+    is connected to, else starts one (``ray.init``: the cluster of ``RAY_ADDRESS``, or a
+    local one). ``actor_options``: Ray's resources per replica (default: an equal
+    :func:`share` of the CPUs and, with ``gpus``, of the GPUs).
+
+    >>> launch(lambda: None, 0, {})
+    Traceback (most recent call last):
+    ...
+    ValueError: count must be at least 1, got 0
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    ray, serve = ray_serve()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
+    if actor_options is None:
+        actor_options = {"num_cpus": share(ray, "CPU", count)}
+        if gpus and share(ray, "GPU", count) > 0:
+            actor_options["num_gpus"] = share(ray, "GPU", count)
+    concurrent = int(options.get("max_concurrent", 16)) + int(options.get("max_queue", 64))
+    names = [f"replica-{i}" for i in range(count)]
+    replica = serve.deployment(Replica)
+    bound = [replica.options(name=name, num_replicas=1, max_ongoing_requests=concurrent + 1,
+                             ray_actor_options=actor_options,
+                             max_constructor_retry_count=1).bind(name, load, options)
+             for name in names]
+    root = serve.deployment(_Group).options(name="group", ray_actor_options={"num_cpus": 0})
+    try:
+        serve.start(proxy_location="Disabled")
+        serve.run(root.bind(*bound), name=APP_NAME, route_prefix=None)
+    except Exception as err:
+        if started:
+            ray.shutdown()
+        first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+        raise ReplicaError(f"the replicas did not start: {first.strip()}") from None
+    handles = {name: serve.get_deployment_handle(name, app_name=APP_NAME) for name in names}
+    return Replicas(names, handles, started)
