@@ -74,13 +74,17 @@ class Replica:
         (the client left), the request's walks are cancelled too."""
         started, arrived = time.perf_counter(), time.monotonic() - waited
         gone = asyncio.Event()
+
+        async def disconnected() -> None:
+            await gone.wait()
+
         try:
             self.server.authorize(authorization)
         except APIError as err:
             answer = self.server.error(err, endpoint, started)
         else:
             task = asyncio.ensure_future(self.server.generate(kind, body, endpoint, started,
-                                                              arrived, gone.wait))
+                                                              arrived, disconnected))
             try:
                 answer = await asyncio.shield(task)
             except asyncio.CancelledError:
