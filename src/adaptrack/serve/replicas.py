@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -214,6 +215,7 @@ def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     ray, serve = ray_serve()
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per step
     started = not ray.is_initialized()
     if started:
         ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
