@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
+import http.client
 import json
 import os
 import re
@@ -50,8 +52,15 @@ def start(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str, float]:
         line = proc.stderr.readline()
         if not line and proc.poll() is not None:
             raise SystemExit(f"adaptrack serve exited with {proc.returncode}")
-    found = re.search(r"http://[^ ]+/v1", line)
+    found = re.search(r"http://([^ /]+)/v1", line)
     assert found is not None, line
+    while True:  # the single process prints its line before it listens
+        with contextlib.suppress(OSError):
+            conn = http.client.HTTPConnection(found.group(1), timeout=60)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                break
+        time.sleep(0.1)
     return proc, found.group(0), time.perf_counter() - began
 
 

@@ -55,6 +55,35 @@ def test_without_ray_serve_the_flag_names_the_extra(monkeypatch, capsys):
     assert "--replicas needs Ray Serve: pip install 'adaptrack[replicas]'" in err
 
 
+def test_the_router_keeps_a_prefix_on_its_replica_and_bounds_its_load():
+    from adaptrack.serve.routing import PrefixRouter, routing_text
+
+    r = PrefixRouter(["replica-0", "replica-1", "replica-2"], remembered=8)
+    system = [{"role": "system", "content": "You are terse."}]
+    turns = [[*system, {"role": "user", "content": f"question {i}"}] for i in range(5)]
+    texts = [routing_text("chat", json.dumps({"messages": t}).encode()) for t in turns]
+    first = r.route(texts[0])
+    r.done(first)
+    for text in texts[1:]:  # one after another: the shared system prompt keeps them
+        assert r.route(text) == first
+        r.done(first)
+    # A later turn starts with the earlier one's text.
+    later = [*turns[0], {"role": "assistant", "content": "ok"}]
+    assert routing_text("chat", json.dumps({"messages": later}).encode()).startswith(texts[0])
+    # 30 at once: no replica past ceil(1.25 x 30 / 3) = 13, and all three used.
+    held = [r.route(texts[0]) for _ in range(30)]
+    assert max(r.in_flight.values()) <= 13 and min(r.in_flight.values()) > 0
+    for name in held:
+        r.done(name)
+    assert set(r.in_flight.values()) == {0}
+    # Texts sharing nothing spread by their hash; the table forgets the oldest.
+    spread = []
+    for i in range(40):
+        spread.append(r.route(f"{i}: unrelated".encode()))
+        r.done(spread[-1])
+    assert set(spread) == set(r.names) and len(r._sorted) == 8
+
+
 def _front(replicas):
     """The front on a free loopback port in a thread: (its uvicorn server, thread, URL)."""
     from adaptrack.serve.front import create_front

@@ -113,9 +113,16 @@ class Front:
             stream.cancel()
 
     async def models(self, request: Request) -> Response:
-        handle = self.replicas.handles[self.replicas.names[0]]
-        status, body = await handle.models.remote(request.headers.get("authorization", ""))
-        return JSONResponse(body, status_code=status)
+        auth = request.headers.get("authorization", "")
+        for name in self.replicas.names:  # the first that answers
+            try:
+                status, body = await asyncio.wait_for(
+                    self.replicas.handles[name].models.remote(auth), PROBE_SECONDS)
+            except Exception:
+                continue
+            return JSONResponse(body, status_code=status)
+        fail = APIError(503, "no replica answered", code="replica_failed")
+        return JSONResponse(fail.body(), status_code=503)
 
     async def health(self, request: Request) -> Response:
         answers = await self._ask("health")

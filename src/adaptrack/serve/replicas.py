@@ -110,6 +110,12 @@ class Replica:
         answer = self.server.health()
         return answer.status, answer.body or {}
 
+    def check_health(self) -> None:
+        """Serve's periodic check: a replica whose engine thread died (a bug) is
+        restarted."""
+        if not self.server.stopping and not self.server.engine.alive:
+            raise RuntimeError(f"{self.name}: the engine thread is not running")
+
     def metrics_text(self) -> str:
         """This replica's Prometheus text."""
         return self.server.metrics_text()
