@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -196,6 +197,20 @@ def ray_serve() -> tuple[Any, Any]:
     return ray, serve
 
 
+def cause(err: BaseException) -> str:
+    """The line of Serve's error that says why: the last ``SomeError: message`` of the
+    replica's traceback it carries, else its first line.
+
+    >>> cause(RuntimeError("Deploying failed:\\nTraceback ...\\n"
+    ...                    "adaptrack.errors.ModelLoadError: no model at /x"))
+    'ModelLoadError: no model at /x'
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    said = [m.group(1) for line in lines
+            if (m := re.match(r"(?:[\w.]+\.)?(\w+(?:Error|Exception): .*)", line))]
+    return said[-1] if said else lines[0] if lines else type(err).__name__
+
+
 def share(ray: Any, resource: str, count: int) -> float:
     """An equal share of the cluster's ``resource`` ("CPU", "GPU") for each of ``count``
     replicas, at most one node's, whole above 1 (Ray takes fractions below 1 only): what
@@ -243,7 +258,6 @@ def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any
     except Exception as err:
         if started:
             ray.shutdown()
-        first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
-        raise ReplicaError(f"the replicas did not start: {first.strip()}") from None
+        raise ReplicaError(f"the replicas did not start: {cause(err)}") from None
     handles = {name: serve.get_deployment_handle(name, app_name=APP_NAME) for name in names}
     return Replicas(names, handles, started)
