@@ -211,6 +211,15 @@ def cause(err: BaseException) -> str:
     return said[-1] if said else lines[0] if lines else type(err).__name__
 
 
+def _deployment_messages(serve: Any) -> list[str]:
+    """What Serve says of each replica's deployment (a failed one: its traceback)."""
+    try:
+        app = serve.status().applications.get(APP_NAME)
+        return [str(d.message) for d in app.deployments.values() if d.message]
+    except Exception:  # Serve itself is down: its first error says enough
+        return []
+
+
 def share(ray: Any, resource: str, count: int) -> float:
     """An equal share of the cluster's ``resource`` ("CPU", "GPU") for each of ``count``
     replicas, at most one node's, whole above 1 (Ray takes fractions below 1 only): what
@@ -256,8 +265,9 @@ def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any
         serve.start(proxy_location="Disabled")
         serve.run(root.bind(*bound), name=APP_NAME, route_prefix=None)
     except Exception as err:
+        why = cause(RuntimeError("\n".join([str(err), *_deployment_messages(serve)])))
         if started:
             ray.shutdown()
-        raise ReplicaError(f"the replicas did not start: {cause(err)}") from None
+        raise ReplicaError(f"the replicas did not start: {why}") from None
     handles = {name: serve.get_deployment_handle(name, app_name=APP_NAME) for name in names}
     return Replicas(names, handles, started)
