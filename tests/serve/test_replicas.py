@@ -10,6 +10,7 @@ import concurrent.futures
 import http.client
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -229,6 +230,30 @@ def answered(metrics):
     return sum(int(n) for n in re.findall(r'adaptrack_requests_total\{replica="replica-\d",'
                                           r'endpoint="/v1/completions",status="200"\} (\d+)',
                                           metrics))
+
+
+def test_a_client_that_leaves_has_its_walks_cancelled_on_its_replica(url):
+    def total(name, text):
+        return sum(int(n) for n in re.findall(rf'adaptrack_{name}\{{replica="replica-\d"\}} (\d+)',
+                                              text))
+
+    for stream in (False, True):
+        before = total("cancelled_total", raw(url, "GET", "/metrics")[2].decode())
+        sock = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        body = json.dumps({"prompt": "bye", "max_tokens": 250, "stream": stream,
+                           "guided_regex": "[a-z]{240}", "decoding_method": "cd"})
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                     f"{body}".encode())
+        deadline = time.monotonic() + 20
+        while total("requests_running", raw(url, "GET", "/metrics")[2].decode()) == 0:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.01)
+        sock.close()  # 240 tokens at 5 ms a call: over a second left to run
+        deadline = time.monotonic() + 20
+        while total("cancelled_total", raw(url, "GET", "/metrics")[2].decode()) == before:
+            assert time.monotonic() < deadline, "the request was not cancelled"
+            time.sleep(0.01)
 
 
 def test_a_stopping_front_finishes_the_requests_in_flight(replicas):
