@@ -5,7 +5,8 @@ Serve's handles, chosen by :class:`~.routing.PrefixRouter`.
 The front reads a request's body, routes it by its prompt's prefix and passes it on
 whole; the replica answers it as the single-process server does (authorization, 400s,
 429, streaming), so the OpenAI logic lives in one place. A replica whose queue is full
-(429) or that fails to answer passes the request on to the next one. ``/health`` and
+(429) passes the request on to the next one; a replica that fails to answer gets 503 (a
+request that broke one replica is not sent on to break the others). ``/health`` and
 ``/metrics`` ask every replica: health is ``ok`` when all are, ``degraded`` (still 200)
 when some are, 503 when none is; the metrics are each replica's, labelled
 ``replica="replica-i"``. The front counts nothing itself.
@@ -71,8 +72,7 @@ class Front:
                     return Response(status_code=CLIENT_GONE)
                 if not isinstance(err, Exception):
                     raise
-                if len(tried) < len(self.replicas.names):
-                    continue
+                # Not passed on: a request that broke one replica could break them all.
                 fail = APIError(503, f"{name} failed to answer: {_first_line(err)}",
                                 code="replica_failed")
                 return JSONResponse(fail.body(), status_code=503)
