@@ -248,15 +248,21 @@ def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per step
     started = not ray.is_initialized()
     if started:
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
+        except Exception as err:  # a wrong RAY_ADDRESS, a cluster that is down
+            raise ReplicaError(f"cannot start or join Ray: {cause(err)}; fix RAY_ADDRESS or "
+                               "unset it for a local Ray") from None
     if actor_options is None:
         actor_options = {"num_cpus": share(ray, "CPU", count)}
         if gpus and share(ray, "GPU", count) > 0:
             actor_options["num_gpus"] = share(ray, "GPU", count)
-    concurrent = int(options.get("max_concurrent", 16)) + int(options.get("max_queue", 64))
+    # Room for every request the server takes (it answers 429 past them itself) and for
+    # the front's health and metrics probes beside them.
+    concurrent = int(options.get("max_concurrent", 16)) + int(options.get("max_queue", 64)) + 8
     names = [f"replica-{i}" for i in range(count)]
     replica = serve.deployment(Replica)
-    bound = [replica.options(name=name, num_replicas=1, max_ongoing_requests=concurrent + 1,
+    bound = [replica.options(name=name, num_replicas=1, max_ongoing_requests=concurrent,
                              ray_actor_options=actor_options,
                              max_constructor_retry_count=1).bind(name, load, options)
              for name in names]
