@@ -15,7 +15,9 @@ when some are, 503 when none is; the metrics are each replica's, labelled
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,6 +42,20 @@ def _json(status: int, body: dict[str, Any] | None, headers: dict[str, str]) -> 
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class _Stream(StreamingResponse):
+    """A streamed answer whose events' generator is closed as soon as the response ends
+    (Starlette leaves that to the garbage collector when the client left), so that the
+    replica hears at once that its request is no longer read."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
 class Front:
     """Routes requests over ``replicas`` (:class:`~.routing.PrefixRouter`)."""
 
@@ -60,15 +76,16 @@ class Front:
         while True:
             name = self.router.route(text, exclude=frozenset(tried))
             tried.add(name)
-            handle = self.replicas.handles[name].options(stream=True)
-            stream = handle.generate.remote(kind, body, request.url.path, auth,
-                                            time.monotonic() - arrived)
+            handle, rid = self.replicas.handles[name], uuid.uuid4().hex
+            stream = handle.options(stream=True).generate.remote(
+                kind, body, request.url.path, auth, time.monotonic() - arrived, rid)
             try:
                 head = await self._head(stream, request)
             except BaseException as err:
                 self.router.done(name)
                 stream.cancel()
                 if isinstance(err, ClientDisconnect):
+                    await self._leave(name, rid)
                     return Response(status_code=CLIENT_GONE)
                 if not isinstance(err, Exception):
                     raise
@@ -82,7 +99,7 @@ class Front:
             if not head.stream:
                 self.router.done(name)
                 return _json(head.status, head.body, head.headers)
-            return StreamingResponse(self._rest(stream, name), status_code=head.status,
+            return _Stream(self._rest(stream, name, rid), status_code=head.status,
                                      media_type="text/event-stream", headers=head.headers)
 
     async def _head(self, stream: Any, request: Request) -> Head:
@@ -102,15 +119,26 @@ class Front:
             raise RuntimeError(f"the replica sent {type(head).__name__} before its head")
         return head
 
-    async def _rest(self, stream: Any, name: str) -> AsyncIterator[str]:
+    async def _rest(self, stream: Any, name: str, rid: str) -> AsyncIterator[str]:
         """The stream's events; closed early (the client left), the replica's request
         is cancelled."""
+        over = False
         try:
             async for piece in stream:
                 yield piece
+            over = True
         finally:
             self.router.done(name)
-            stream.cancel()
+            if not over:
+                stream.cancel()
+                await self._leave(name, rid)
+
+    async def _leave(self, name: str, rid: str) -> None:
+        """Tell replica ``name`` that the client of request ``rid`` left (Serve's own
+        cancellation may not reach a request it already handed over)."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(asyncio.wait_for(
+                self.replicas.handles[name].leave.remote(rid), PROBE_SECONDS))
 
     async def models(self, request: Request) -> Response:
         auth = request.headers.get("authorization", "")

@@ -17,6 +17,7 @@ Needs Ray Serve (the ``replicas`` extra); this module imports Ray only in :func:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -35,6 +36,8 @@ from .serving import Answer, Server
 REPLICA_HEADER = "X-Adaptrack-Replica"
 #: The Serve application the replicas form.
 APP_NAME = "adaptrack"
+#: Ids of requests whose client left before they reached the replica, kept at most.
+LEFT_KEPT = 4096
 #: The one-line fix printed when Ray Serve is missing.
 INSTALL = "pip install 'adaptrack[replicas]'"
 
@@ -68,14 +71,37 @@ class Replica:
         self.name = name
         self.server = Server(load(), **options)
         self.server.start()
+        self._gone: dict[str, asyncio.Event] = {}  # by request id, while it is answered
+        self._left: dict[str, None] = {}  # ids whose client left before they arrived
+
+    async def leave(self, rid: str) -> None:
+        """The client of request ``rid`` has left: cancel its walks (the front says so
+        itself, whether or not Serve's cancellation reaches :meth:`generate`)."""
+        if rid in self._gone:
+            self._gone[rid].set()
+            return
+        self._left[rid] = None
+        while len(self._left) > LEFT_KEPT:
+            del self._left[next(iter(self._left))]
 
     async def generate(self, kind: str, body: bytes, endpoint: str, authorization: str,
-                       waited: float) -> AsyncIterator[Head | str]:
+                       waited: float, rid: str) -> AsyncIterator[Head | str]:
         """Answer a request of ``kind`` whose ``body`` the front read ``waited`` seconds
-        after it arrived: a :class:`Head`, then the stream's events, if any. Cancelled
-        (the client left), the request's walks are cancelled too."""
+        after it arrived: a :class:`Head`, then the stream's events, if any. Cancelled,
+        or told its client left (:meth:`leave`), the request's walks are cancelled."""
+        gone = self._gone[rid] = asyncio.Event()
+        if rid in self._left:  # its client left while it travelled here
+            del self._left[rid]
+            gone.set()
+        try:
+            async for item in self._answer(kind, body, endpoint, authorization, waited, gone):
+                yield item
+        finally:
+            self._gone.pop(rid, None)
+
+    async def _answer(self, kind: str, body: bytes, endpoint: str, authorization: str,
+                      waited: float, gone: asyncio.Event) -> AsyncIterator[Head | str]:
         started, arrived = time.perf_counter(), time.monotonic() - waited
-        gone = asyncio.Event()
 
         async def disconnected() -> None:
             await gone.wait()
@@ -91,7 +117,9 @@ class Replica:
                 answer = await asyncio.shield(task)
             except asyncio.CancelledError:
                 gone.set()  # the server cancels the request's walks and counts a 499
-                await task
+                while not task.done():  # however often Serve cancels, until it has
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(task)
                 raise
         yield self._head(answer)
         if answer.stream is not None:
