@@ -23,6 +23,7 @@ import logging
 import math
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,8 @@ from .serving import Answer, Server
 
 #: The response header naming the replica that answered (also in a body's ``adaptrack``).
 REPLICA_HEADER = "X-Adaptrack-Replica"
-#: The Serve application the replicas form.
+#: The start of the name of the Serve application the replicas form (a process's own
+#: suffix follows: two servers on one Ray cluster do not replace each other's).
 APP_NAME = "adaptrack"
 #: Ids of requests whose client left before they reached the replica, kept at most.
 LEFT_KEPT = 4096
@@ -190,11 +192,13 @@ class _Group:
 
 @dataclass
 class Replicas:
-    """The running replicas: their ``names`` and Serve ``handles`` by name;
-    :meth:`close` deletes them (and stops the Ray this process started)."""
+    """The running replicas: their ``names``, Serve ``handles`` by name and Serve
+    application ``app``; :meth:`close` deletes them (and stops the Ray this process
+    started)."""
 
     names: list[str]
     handles: dict[str, Any]
+    app: str = APP_NAME
     started_ray: bool = False
     _closed: bool = field(default=False, repr=False)
 
@@ -204,7 +208,7 @@ class Replicas:
         self._closed = True
         from ray import serve
 
-        serve.delete(APP_NAME)
+        serve.delete(self.app)
         if self.started_ray:
             import ray
 
@@ -239,10 +243,11 @@ def cause(err: BaseException) -> str:
     return said[-1] if said else lines[0] if lines else type(err).__name__
 
 
-def _deployment_messages(serve: Any) -> list[str]:
-    """What Serve says of each replica's deployment (a failed one: its traceback)."""
+def _deployment_messages(serve: Any, name: str) -> list[str]:
+    """What Serve says of each deployment of application ``name`` (a failed one: its
+    traceback)."""
     try:
-        app = serve.status().applications.get(APP_NAME)
+        app = serve.status().applications.get(name)
         return [str(d.message) for d in app.deployments.values() if d.message]
     except Exception:  # Serve itself is down: its first error says enough
         return []
@@ -289,6 +294,7 @@ def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any
     # the front's health and metrics probes beside them.
     concurrent = int(options.get("max_concurrent", 16)) + int(options.get("max_queue", 64)) + 8
     names = [f"replica-{i}" for i in range(count)]
+    app = f"{APP_NAME}-{uuid.uuid4().hex[:8]}"
     replica = serve.deployment(Replica)
     bound = [replica.options(name=name, num_replicas=1, max_ongoing_requests=concurrent,
                              ray_actor_options=actor_options,
@@ -297,11 +303,11 @@ def launch(load: Callable[[], LanguageModel], count: int, options: dict[str, Any
     root = serve.deployment(_Group).options(name="group", ray_actor_options={"num_cpus": 0})
     try:
         serve.start(proxy_location="Disabled")
-        serve.run(root.bind(*bound), name=APP_NAME, route_prefix=None)
+        serve.run(root.bind(*bound), name=app, route_prefix=None)
     except Exception as err:
-        why = cause(RuntimeError("\n".join([str(err), *_deployment_messages(serve)])))
+        why = cause(RuntimeError("\n".join([str(err), *_deployment_messages(serve, app)])))
         if started:
             ray.shutdown()
         raise ReplicaError(f"the replicas did not start: {why}") from None
-    handles = {name: serve.get_deployment_handle(name, app_name=APP_NAME) for name in names}
-    return Replicas(names, handles, started)
+    handles = {name: serve.get_deployment_handle(name, app_name=app) for name in names}
+    return Replicas(names, handles, app, started)
