@@ -98,3 +98,8 @@ class SandboxUnavailableError(AdaptrackError):
     refuses its namespaces) and the caller did not allow that explicitly
     (``allow_unsandboxed=True``, ``--unsafe-run-code``); the message says what is missing
     and how to install it."""
+
+
+class ReplicaError(AdaptrackError):
+    """The replicas of ``adaptrack serve --replicas`` cannot run: Ray Serve is missing (the
+    message names the extra to install) or a replica failed to start (its error)."""

@@ -11,8 +11,10 @@ turns their errors into OpenAI's error object; ``preprocess`` makes a validated 
 engine in one thread over every request in flight and tells of each through the
 dataclasses of ``events``;
 ``serving`` answers a request from those events, ``responses`` shapes the bodies and
-chunks, ``app`` holds the routes, ``metrics`` the Prometheus counters. What needs the extra
-is imported on first use, so that the command line starts without it.
+chunks, ``app`` holds the routes, ``metrics`` the Prometheus counters. ``--replicas N``
+(docs/serving-replicas.md): ``replicas`` runs N servers on Ray Serve, ``front`` is their one
+endpoint, ``routing`` picks a replica by prompt prefix. What needs the extra is imported on
+first use, so that the command line starts without it.
 """
 
 from __future__ import annotations
