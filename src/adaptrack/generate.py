@@ -89,7 +89,7 @@ def generate(
     """Draw ``n`` samples of a continuation of ``prompt`` that satisfies ``constraint``.
 
     ``method`` is one of ``unconstrained``, ``cd``, ``asap``, ``adaptrack``, ``exact`` (see
-    the README for what each guarantees). The ``n`` samples share one prefix tree, so the
+    docs/methods.md for what each guarantees). The ``n`` samples share one prefix tree, so the
     model evaluates each prefix once. ``share_q``, ``max_backtrack`` and
     ``min_backtrack_prob`` are AdapTrack's options. ``on_sample`` is called with each sample
     as it finishes (a progress hook).
@@ -113,7 +113,7 @@ def generate(
     time, ``None`` for the method's default: parallel for ``exact`` (in rounds that keep it
     exact, of at most that many attempts; docs/design.md §3), one at a time for ``asap``
     and ``adaptrack`` with ``share_q`` (in parallel they are further from the target;
-    README). A seed gives the same samples whatever
+    docs/methods.md). A seed gives the same samples whatever
     ``batch_size``, ``max_batch_tokens``, ``max_cache_bytes`` and the other prompts of the
     call, for every method (exactly with an exact model such as ``TableLM``; a float
     backend's batch composition changes rounding by about 1e-6, which can flip a draw that

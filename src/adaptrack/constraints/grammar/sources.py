@@ -121,7 +121,7 @@ def regex(pattern: str) -> Grammar:
 #: Whitespace allowed between JSON tokens unless the schema's ``"x-guidance"`` says otherwise:
 #: none, one space, or a newline and up to 20 spaces or tabs (llama.cpp's JSON grammar does
 #: the same), so compact and pretty-printed JSON stay valid but a model cannot pad forever;
-#: measured against llguidance's unbounded default in docs/benchmarks.md (everyday requests).
+#: measured against llguidance's unbounded default in docs/benchmarks/everyday.md.
 JSON_WHITESPACE = r"(?:[ ]|\n[ \t]{0,20})?"
 
 
