@@ -12,16 +12,19 @@ from typing import Any
 from ..errors import (
     AdaptrackError,
     GrammarError,
+    JSONDepthError,
     NoValidSequenceError,
     PromptTooLongError,
     SearchTimeoutError,
+    TokenizerError,
     TreeLimitError,
 )
 
 #: Error ``type`` by HTTP status, as OpenAI names them.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               404: "invalid_request_error", 413: "invalid_request_error",
-               422: "invalid_request_error",
+               404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 415: "invalid_request_error",
+               421: "invalid_request_error", 422: "invalid_request_error",
                429: "rate_limit_error", 499: "invalid_request_error", 500: "server_error",
                503: "server_error", 504: "timeout_error"}
 
@@ -80,8 +83,11 @@ def error_for(err: BaseException, param: str | None = None) -> APIError:
         return APIError(422, message, param=param, code="search_limit")
     if isinstance(err, PromptTooLongError):
         return APIError(400, message, param=param, code="context_length_exceeded")
+    if isinstance(err, JSONDepthError):
+        return APIError(400, message, param=param, code="json_too_deep")
     if isinstance(err, GrammarError):
         return APIError(400, message, param=param, code="invalid_grammar")
-    if isinstance(err, ValueError | TypeError) and not isinstance(err, AdaptrackError):
+    if isinstance(err, TokenizerError) or (isinstance(err, ValueError | TypeError)
+                                           and not isinstance(err, AdaptrackError)):
         return APIError(400, message, param=param)
     return APIError(500, f"{type(err).__name__}: {message}", code="internal_error")
