@@ -92,7 +92,7 @@ def prompt_byte_limit(lm: Any, max_new_tokens: int = 0) -> int | None:
     context = getattr(lm, "context_length", None)
     if context is None:
         return None
-    return max(0, context - max_new_tokens) * max(1, int(lm.vocab.max_token_len))
+    return int(max(0, context - max_new_tokens)) * max(1, int(lm.vocab.max_token_len))
 
 
 def prompt_text(lm: Any, text: str, max_new_tokens: int, truncate: bool = False,

@@ -204,8 +204,9 @@ def from_module(
     attribute access raises is left out and reported in ``.errors``, and when
     ``time_limit`` seconds have passed the listing stops with what it has and says so in
     ``.errors`` (an import that is under way is not interrupted). A root module that cannot
-    be imported raises :class:`~adaptrack.errors.ModuleImportError` (an ImportError); a relative or empty name (``"."``, ``".json"``,
-    ``"json."``) is a ValueError, since there is no package to resolve it against.
+    be imported raises :class:`~adaptrack.errors.ModuleImportError` (an ImportError); a
+    relative or empty name (``"."``, ``".json"``, ``"json."``) is a ValueError, since there
+    is no package to resolve it against.
     ``time_limit`` may be ``math.inf`` (no limit).
 
     >>> c = from_module("json")

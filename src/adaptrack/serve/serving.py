@@ -113,6 +113,9 @@ class Server:
                  tree_cache_bytes: int = TREE_CACHE_BYTES,
                  chat_template: ChatTemplate | None = None, max_n: int = MAX_N,
                  search_seconds: float | None = SEARCH_SECONDS) -> None:
+        if api_key is not None and not (isinstance(api_key, str) and api_key.strip()):
+            raise ValueError(f"api_key must be a non-empty string, or None to serve without "
+                             f"a key; got {api_key!r:.20}")
         self.lm, self.model_name, self.api_key = lm, model_name, api_key
         self.timeout, self.max_n = timeout, max_n
         self.search_seconds = search_seconds
