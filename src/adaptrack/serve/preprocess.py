@@ -25,7 +25,7 @@ from typing import Any
 from ..call import _fit_prompt
 from ..constraints.base import Constraint
 from ..constraints.compose import with_stop
-from ..errors import GrammarError, PromptTooLongError
+from ..errors import GrammarError, JSONDepthError, PromptTooLongError
 from ..generate import PreparedCall, prepare
 from ..limits import loads, prompt_byte_limit, prompt_text, too_many_bytes
 from ..lm.base import LanguageModel
@@ -168,7 +168,9 @@ def constraint_spec(req: BaseRequest) -> ConstraintSpec | None:
         if isinstance(value, str):
             try:
                 value = loads(value, "'guided_json'")
-            except ValueError as err:  # JSONDepthError included
+            except JSONDepthError as err:
+                raise error_for(err, field) from None
+            except ValueError as err:
                 raise bad(field, f"not JSON: {err}") from None
         return ConstraintSpec.json(value)
     if field == "guided_regex":
