@@ -5,6 +5,7 @@ A toy ``TableLM`` on 127.0.0.1, as in ``test_serve.py``."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -108,14 +109,24 @@ def test_a_prompt_past_the_context_is_refused_from_its_bytes(toy):
     url, lm = toy  # context 256 tokens of at most 4 bytes: 255 * 4 bytes with max_tokens 1
     calls = lm.calls
     for body in ({"prompt": "x" * 4_000_000, "max_tokens": 1},
+                 {"prompt": [1] * 2_000_000}, {"prompt": [[1], [1] * 300]},
+                 {"messages": [{"role": "user", "content": ""}] * 300},
                  {"prompt": ["ab", "x" * 4_000_000]},
                  {"messages": [{"role": "user", "content": "x" * 600}] * 2}):
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         status, _, data = raw(url, "POST", path, json.dumps(body))
         err = error(data)
         assert status == 400 and err["code"] == "context_length_exceeded", err
-        assert "bytes" in err["message"] and err["param"] in ("prompt", "messages")
+        assert err["param"] in ("prompt", "messages")
+        assert re.search(r"bytes|token ids|messages are more", err["message"]), err
     assert lm.calls == calls
+
+
+def test_more_prompts_than_n_allows_are_refused_before_validation(toy):
+    url, _ = toy
+    status, _, data = raw(url, "POST", "/v1/completions", json.dumps({"prompt": ["a"] * 500}))
+    err = error(data)
+    assert status == 400 and err["param"] == "prompt" and "more than 128" in err["message"]
 
 
 def test_a_lone_surrogate_in_the_prompt_is_400(toy):

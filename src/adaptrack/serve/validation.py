@@ -47,12 +47,35 @@ def validate(body: bytes | str, kind: str, *, max_n: int,
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, got {show(data)}",
                        code="invalid_json")
+    _within_context(data, max_n, max_tokens)
     model = REQUESTS[kind]
     context = {"max_n": max_n, "max_tokens": max_tokens}
     try:
         return model.model_validate(data, context=context)
     except ValidationError as err:
         raise api_error(err, data, kind, context) from None
+
+
+def _within_context(data: dict[str, Any], max_n: int, context: int | None) -> None:
+    """A 400 for a prompt of more token ids, or more messages, than ``context`` tokens, and
+    for more prompts than ``max_n``: found from the lists' lengths before they are validated
+    item by item (millions of ids would cost gigabytes; docs/security.md)."""
+    if context is None:
+        return
+    prompt, messages = data.get("prompt"), data.get("messages")
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(p, list | str) for p in prompt[:1]) and len(prompt) > max_n:
+            raise bad("prompt", f"{len(prompt)} prompts are more than {max_n}")
+        for ids in ([prompt] if prompt[:1] and not isinstance(prompt[0], list | str)
+                    else [p for p in prompt if isinstance(p, list)]):
+            if len(ids) > context:
+                raise APIError(400, f"the prompt has {len(ids)} token ids, more than the "
+                                    f"model's context of {context} tokens", param="prompt",
+                               code="context_length_exceeded")
+    if isinstance(messages, list) and len(messages) > context:
+        raise APIError(400, f"{len(messages)} messages are more than the model's context of "
+                            f"{context} tokens holds", param="messages",
+                       code="context_length_exceeded")
 
 
 def api_error(err: ValidationError, data: dict[str, Any], kind: str,
