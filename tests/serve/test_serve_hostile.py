@@ -129,6 +129,15 @@ def test_more_prompts_than_n_allows_are_refused_before_validation(toy):
     assert status == 400 and err["param"] == "prompt" and "more than 128" in err["message"]
 
 
+@pytest.mark.parametrize("field", ["guided_regex", "guided_grammar"])
+def test_a_regex_or_grammar_past_its_size_is_refused_before_compiling(toy, field):
+    url, _ = toy
+    status, _, data = raw(url, "POST", "/v1/completions",
+                          json.dumps({"prompt": "x", field: "a" * 5_000_000}))
+    err = error(data)
+    assert status == 400 and err["param"] == field and "256 KiB" in err["message"]
+
+
 def test_a_lone_surrogate_in_the_prompt_is_400(toy):
     url, _ = toy
     status, _, data = raw(url, "POST", "/v1/completions", '{"prompt": "a\\ud800b"}')

@@ -25,6 +25,7 @@ from dataclasses import fields
 from typing import Any, NoReturn
 
 from .. import constraints
+from ..errors import ModuleImportError
 from ..options import ADAPTRACK_ONLY, Flag, SamplingOptions
 from ..serve.constraint_spec import ConstraintSpec
 
@@ -400,6 +401,9 @@ def _from_module(module: str) -> constraints.Constraint:
         # An imported module may print; stdout is for the result alone.
         with stdout_to_stderr():
             found = constraints.from_module(module)
+    except ModuleImportError as err:
+        raise UsageError(f"--api-module: {one_line(err).removeprefix('from_module: ')}"
+                         ) from None
     except (ImportError, ValueError) as err:
         raise UsageError(f"--api-module: cannot import module {module!r}: {err}") from None
     for where, error in found.errors:

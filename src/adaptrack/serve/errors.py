@@ -24,7 +24,7 @@ from ..errors import (
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                404: "invalid_request_error", 405: "invalid_request_error",
                413: "invalid_request_error", 415: "invalid_request_error",
-               421: "invalid_request_error", 422: "invalid_request_error",
+               422: "invalid_request_error",
                429: "rate_limit_error", 499: "invalid_request_error", 500: "server_error",
                503: "server_error", 504: "timeout_error"}
 
