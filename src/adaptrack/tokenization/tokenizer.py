@@ -26,6 +26,7 @@ tokens starting with given bytes are one contiguous slice of
 
 from __future__ import annotations
 
+import json
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -36,7 +37,6 @@ import numpy as np
 
 from ..cache import LRU
 from ..errors import TokenizerError
-from ..limits import loads
 from .vocab import Vocabulary
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -354,7 +354,7 @@ class Tokenizer:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            found = loads(f.read(), str(path))
-    except (OSError, ValueError):  # JSONDepthError included
+            found = json.load(f)
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep
         return {}
     return found if isinstance(found, dict) else {}
