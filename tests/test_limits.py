@@ -140,9 +140,13 @@ def test_a_prompt_past_the_context_is_refused_before_it_is_tokenized():
     with pytest.raises(at.PromptTooLongError) as err:
         at.generate(lm, "a" * 30_000_000, max_new_tokens=4)
     assert "at least 30000000 bytes" in one_line(err) and "truncate_prompt" in str(err.value)
-    with pytest.raises(at.PromptTooLongError, match="121 bytes"):
-        at.generate(lm, "a" * 121, max_new_tokens=4)
+    with pytest.raises(at.PromptTooLongError, match="241 bytes"):
+        at.generate(lm, "é" * 120 + "a", max_new_tokens=4)  # 120 characters, 241 bytes
     assert lm.encoded == []  # neither was tokenized
+    # within twice the bound, the text is tokenized: its tokens say how far over it is
+    with pytest.raises(at.PromptTooLongError, match="the prompt has 121 tokens"):
+        at.generate(lm, "a" * 121, max_new_tokens=4)
+    assert lm.encoded == [121]
 
 
 def test_truncate_prompt_tokenizes_a_bounded_end():

@@ -97,37 +97,37 @@ def prompt_byte_limit(lm: Any, max_new_tokens: int = 0) -> int | None:
 
 def prompt_text(lm: Any, text: str, max_new_tokens: int, truncate: bool = False,
                 what: str = "the prompt") -> str:
-    """``text`` if it may fit ``lm``'s context with ``max_new_tokens`` (its tokens are
-    counted after tokenizing it), else :class:`~adaptrack.errors.PromptTooLongError` from
-    its size alone, before it is tokenized; with ``truncate`` its end instead, twice the
-    bytes that can fit (the first half gives the tokenizer the context of the cut), so that
-    tokenizing it costs a bounded time and memory. A lone surrogate (not UTF-8) is a
-    ``ValueError`` naming where it is.
+    """``text``, to be tokenized, or :class:`~adaptrack.errors.PromptTooLongError` from its
+    size alone when it has more than twice the bytes that can fit ``lm``'s context with
+    ``max_new_tokens`` (:func:`prompt_byte_limit`); with ``truncate`` its last that many
+    characters instead (the first half gives the tokenizer the context of the cut). A text
+    within twice the bound is tokenized (a bounded cost) so that its tokens, counted next,
+    say exactly how far over it is. A lone surrogate (not UTF-8) is a
+    :class:`~adaptrack.errors.TokenizerError` naming where it is.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"<eos>"], lambda p: [1, 1], eos=1)
     >>> lm.context_length = 6
-    >>> prompt_text(lm, "aa", 4), len(prompt_text(lm, "a" * 50, 4, truncate=True))
-    ('aa', 4)
+    >>> prompt_text(lm, "aaa", 4), len(prompt_text(lm, "a" * 50, 4, truncate=True))
+    ('aaa', 4)
     >>> prompt_text(lm, "a" * 50, 4)
     Traceback (most recent call last):
     adaptrack.errors.PromptTooLongError: the prompt has at least 50 bytes: more than the 2 bytes that 2 tokens can hold (TableLM's context of 6 tokens less max_new_tokens=4, at most 1 bytes a token); shorten the prompt, lower max_new_tokens, or pass truncate_prompt=True
     """  # noqa: E501
     limit = prompt_byte_limit(lm, max_new_tokens)
-    if limit is not None and len(text) > limit:  # a character is at least one byte
-        if truncate and limit > 0:
-            text = text[len(text) - 2 * limit:]
-        else:
-            raise too_many_bytes(lm, what, f"at least {len(text)}" if len(text) > 2 * limit
-                                 else str(len(text.encode("utf-8", "surrogatepass"))),
-                                 max_new_tokens)
+    keep = None if limit is None else 2 * limit
+    if keep is not None and len(text) > keep:  # a character is at least one byte
+        if not (truncate and keep > 0):
+            raise too_many_bytes(lm, what, f"at least {len(text)}", max_new_tokens)
+        text = text[len(text) - keep:]
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as err:
         raise TokenizerError(f"{what} is not valid UTF-8 text: lone surrogate "
-                         f"U+{ord(text[err.start]):04X} at character {err.start}; remove "
-                         f"it or replace it: text.encode('utf-8', 'replace').decode()") from None
-    if limit is not None and size > limit and not truncate:
+                             f"U+{ord(text[err.start]):04X} at character {err.start}; remove "
+                             f"it or replace it: text.encode('utf-8', 'replace').decode()"
+                             ) from None
+    if keep is not None and size > keep and not truncate:
         raise too_many_bytes(lm, what, str(size), max_new_tokens)
     return text
 

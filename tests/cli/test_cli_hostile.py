@@ -70,14 +70,14 @@ def test_a_prompt_file_past_the_context_is_refused_from_its_size(capsys, tiny, t
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
 def test_dev_zero_as_the_prompt_file_is_refused_at_once(capsys, tiny):
     code, _, err = run(capsys, *GEN, "--prompt-file", "/dev/zero")
-    one_error(code, err, "has more than 124 bytes")
+    one_error(code, err, "has more than 248 bytes", "at most 124")
     assert tiny.encoded == []
 
 
 def test_stdin_past_the_context_is_refused(capsys, tiny, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a" * 5_000_000)))
     code, _, err = run(capsys, *GEN, "--prompt-file", "-")
-    one_error(code, err, "stdin has more than 124 bytes")
+    one_error(code, err, "stdin has more than 248 bytes")
 
 
 def test_truncate_prompt_tokenizes_only_the_end_of_a_file(capsys, tiny, tmp_path):

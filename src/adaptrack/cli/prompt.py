@@ -1,6 +1,6 @@
 """``--prompt-file`` read with its size bounded (docs/security.md): at most the bytes the
-model's context can hold (:func:`adaptrack.limits.prompt_byte_limit`) plus one, so that a
-larger file, a pipe or ``/dev/zero`` is refused at once instead of read whole and
+model's context can hold (:func:`adaptrack.limits.prompt_byte_limit`), twice, plus one, so
+that a larger file, a pipe or ``/dev/zero`` is refused at once instead of read whole and
 tokenized; with ``--truncate-prompt`` only its end is kept (twice those bytes).
 
 The file is opened before the model loads (a wrong path fails fast) and read after (the
@@ -9,9 +9,9 @@ bound depends on the model).
 >>> import io
 >>> read_prompt(io.BytesIO(b"hello"), "-", 100)
 'hello'
->>> read_prompt(io.BytesIO(b"x" * 101), "-", 100)  # doctest: +ELLIPSIS
+>>> read_prompt(io.BytesIO(b"x" * 201), "-", 100)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
-adaptrack.cli.common.UsageError: --prompt-file -: stdin has more than 100 bytes: ...
+adaptrack.cli.common.UsageError: --prompt-file -: stdin has more than 200 bytes: ...
 >>> text = read_prompt(io.BytesIO(("é" * 200 + "!").encode()), "-", 100, truncate=True)
 >>> len(text), text[-2:]          # the last 200 bytes, less the half character they cut
 (100, 'é!')
@@ -78,25 +78,28 @@ def _tail(f: BinaryIO, head: bytes, keep: int, where: str) -> bytes:
 
 
 def read_prompt(f: BinaryIO, path: str, limit: int | None, truncate: bool = False) -> str:
-    """The UTF-8 text of ``f`` (opened by :func:`open_prompt`), at most ``limit`` bytes
-    (None: :data:`UNKNOWN_CONTEXT_BYTES`) read: more is a ``UsageError`` saying so, or
-    with ``truncate`` the last ``2 * limit`` bytes (cut at a character)."""
+    """The UTF-8 text of ``f`` (opened by :func:`open_prompt`), where ``limit`` is the most
+    bytes that fit the model's context (None: :data:`UNKNOWN_CONTEXT_BYTES`): at most twice
+    that read, more is a ``UsageError`` saying so, or with ``truncate`` the last twice that
+    (cut at a character); a text within twice the bound is tokenized, and its tokens say how
+    far over it is (:func:`adaptrack.limits.prompt_text`)."""
     limit = UNKNOWN_CONTEXT_BYTES if limit is None else limit
+    bound = 2 * limit
     where = "stdin" if path == "-" else f"prompt file {path!r}"
     try:
         size = _regular_size(f)
         cut = False
-        if size is not None and size > limit:
+        if size is not None and size > bound:
             if not truncate:
                 raise _too_big(path, where, str(size), limit)
-            f.seek(size - 2 * limit if size > 2 * limit else 0)
-            data, cut = f.read(2 * limit), size > 2 * limit
+            f.seek(size - bound)
+            data, cut = f.read(bound), True
         else:
-            data = f.read(limit + 1)
-            if len(data) > limit:
+            data = f.read(bound + 1)
+            if len(data) > bound:
                 if not truncate:
-                    raise _too_big(path, where, f"more than {limit}", limit)
-                data, cut = _tail(f, data, 2 * limit, where), True
+                    raise _too_big(path, where, f"more than {bound}", limit)
+                data, cut = _tail(f, data, bound, where), True
     except OSError as err:
         raise UsageError(f"cannot read {where}: {err.strerror or err}") from None
     finally:
