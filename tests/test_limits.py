@@ -11,7 +11,13 @@ import pytest
 import adaptrack as at
 from adaptrack import constraints
 from adaptrack.eval.runner import read_results
-from adaptrack.limits import MAX_JSON_DEPTH, check_json_depth, loads, prompt_byte_limit
+from adaptrack.limits import (
+    MAX_JSON_DEPTH,
+    SLACK_BYTES,
+    check_json_depth,
+    loads,
+    prompt_byte_limit,
+)
 
 
 def toy(context: int | None = 64) -> at.TableLM:
@@ -140,10 +146,10 @@ def test_a_prompt_past_the_context_is_refused_before_it_is_tokenized():
     with pytest.raises(at.PromptTooLongError) as err:
         at.generate(lm, "a" * 30_000_000, max_new_tokens=4)
     assert "at least 30000000 bytes" in one_line(err) and "truncate_prompt" in str(err.value)
-    with pytest.raises(at.PromptTooLongError, match="241 bytes"):
-        at.generate(lm, "é" * 120 + "a", max_new_tokens=4)  # 120 characters, 241 bytes
+    with pytest.raises(at.PromptTooLongError, match="80000 bytes"):
+        at.generate(lm, "é" * 40_000, max_new_tokens=4)  # fewer characters than the bound
     assert lm.encoded == []  # neither was tokenized
-    # within twice the bound, the text is tokenized: its tokens say how far over it is
+    # within the slack past the bound, the text is tokenized: its tokens say how far over
     with pytest.raises(at.PromptTooLongError, match="the prompt has 121 tokens"):
         at.generate(lm, "a" * 121, max_new_tokens=4)
     assert lm.encoded == [121]
@@ -153,5 +159,5 @@ def test_truncate_prompt_tokenizes_a_bounded_end():
     lm = CountingLM()
     res = at.generate(lm, "a" * 2_000_000, max_new_tokens=4, truncate_prompt=True,
                       method="unconstrained", seed=0)
-    assert lm.encoded == [240]  # twice the bytes that fit, not two million
+    assert lm.encoded == [120 + SLACK_BYTES]  # the bytes that fit and the slack
     assert len(res.samples) == 1

@@ -19,8 +19,13 @@ from typing import Any
 
 from .errors import JSONDepthError, PromptTooLongError, TokenizerError
 
-__all__ = ["MAX_JSON_DEPTH", "JSONDepthError", "check_json_depth", "loads",
+__all__ = ["MAX_JSON_DEPTH", "SLACK_BYTES", "JSONDepthError", "check_json_depth", "loads",
            "prompt_byte_limit", "prompt_text"]
+
+#: Bytes past a prompt's byte limit that are still read and tokenized: a small prompt's
+#: error then counts its tokens exactly, and a cut text gives the tokenizer the context
+#: of the cut (tokenizing costs about 2 µs and 200 bytes of memory a byte).
+SLACK_BYTES = 64 << 10
 
 #: The deepest nesting of arrays and objects read from a user (a real JSON schema nests a
 #: few tens of levels); deeper values are refused before any recursive code sees them.
@@ -98,26 +103,27 @@ def prompt_byte_limit(lm: Any, max_new_tokens: int = 0) -> int | None:
 def prompt_text(lm: Any, text: str, max_new_tokens: int, truncate: bool = False,
                 what: str = "the prompt") -> str:
     """``text``, to be tokenized, or :class:`~adaptrack.errors.PromptTooLongError` from its
-    size alone when it has more than twice the bytes that can fit ``lm``'s context with
-    ``max_new_tokens`` (:func:`prompt_byte_limit`); with ``truncate`` its last that many
-    characters instead (the first half gives the tokenizer the context of the cut). A text
-    within twice the bound is tokenized (a bounded cost) so that its tokens, counted next,
-    say exactly how far over it is. A lone surrogate (not UTF-8) is a
-    :class:`~adaptrack.errors.TokenizerError` naming where it is.
+    size alone when it has more than :data:`SLACK_BYTES` past the bytes that can fit
+    ``lm``'s context with ``max_new_tokens`` (:func:`prompt_byte_limit`); with ``truncate``
+    its last that many characters instead. A text within the slack is tokenized (a bounded
+    cost) so that its tokens, counted next, say exactly how far over it is. A lone surrogate
+    (not UTF-8) is a :class:`~adaptrack.errors.TokenizerError` naming where it is.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"<eos>"], lambda p: [1, 1], eos=1)
     >>> lm.context_length = 6
-    >>> prompt_text(lm, "aaa", 4), len(prompt_text(lm, "a" * 50, 4, truncate=True))
-    ('aaa', 4)
-    >>> prompt_text(lm, "a" * 50, 4)
+    >>> prompt_text(lm, "aaa", 4)
+    'aaa'
+    >>> len(prompt_text(lm, "a" * 100_000, 4, truncate=True)) == 2 + SLACK_BYTES
+    True
+    >>> prompt_text(lm, "a" * 100_000, 4)
     Traceback (most recent call last):
-    adaptrack.errors.PromptTooLongError: the prompt has at least 50 bytes: more than the 2 bytes that 2 tokens can hold (TableLM's context of 6 tokens less max_new_tokens=4, at most 1 bytes a token); shorten the prompt, lower max_new_tokens, or pass truncate_prompt=True
+    adaptrack.errors.PromptTooLongError: the prompt has at least 100000 bytes: more than the 2 bytes that 2 tokens can hold (TableLM's context of 6 tokens less max_new_tokens=4, at most 1 bytes a token); shorten the prompt, lower max_new_tokens, or pass truncate_prompt=True
     """  # noqa: E501
     limit = prompt_byte_limit(lm, max_new_tokens)
-    keep = None if limit is None else 2 * limit
+    keep = None if limit is None else limit + SLACK_BYTES
     if keep is not None and len(text) > keep:  # a character is at least one byte
-        if not (truncate and keep > 0):
+        if not (truncate and limit):
             raise too_many_bytes(lm, what, f"at least {len(text)}", max_new_tokens)
         text = text[len(text) - keep:]
     try:

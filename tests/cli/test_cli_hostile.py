@@ -15,6 +15,7 @@ import adaptrack
 from adaptrack import cli
 from adaptrack.cli import generate as cli_generate
 from adaptrack.cli import prompt as cli_prompt
+from adaptrack.limits import SLACK_BYTES
 
 
 class Tiny(adaptrack.TableLM):
@@ -70,14 +71,14 @@ def test_a_prompt_file_past_the_context_is_refused_from_its_size(capsys, tiny, t
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
 def test_dev_zero_as_the_prompt_file_is_refused_at_once(capsys, tiny):
     code, _, err = run(capsys, *GEN, "--prompt-file", "/dev/zero")
-    one_error(code, err, "has more than 248 bytes", "at most 124")
+    one_error(code, err, f"has more than {124 + SLACK_BYTES} bytes", "at most 124")
     assert tiny.encoded == []
 
 
 def test_stdin_past_the_context_is_refused(capsys, tiny, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a" * 5_000_000)))
     code, _, err = run(capsys, *GEN, "--prompt-file", "-")
-    one_error(code, err, "stdin has more than 248 bytes")
+    one_error(code, err, f"stdin has more than {124 + SLACK_BYTES} bytes")
 
 
 def test_truncate_prompt_tokenizes_only_the_end_of_a_file(capsys, tiny, tmp_path):
@@ -87,7 +88,7 @@ def test_truncate_prompt_tokenizes_only_the_end_of_a_file(capsys, tiny, tmp_path
                          "--json")
     assert code == 0, err
     assert len(json.loads(out)["samples"]) == 1
-    assert tiny.encoded == [248]  # twice the bytes that fit
+    assert tiny.encoded == [124 + SLACK_BYTES]  # the bytes that fit and the slack
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")

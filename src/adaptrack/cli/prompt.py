@@ -1,18 +1,20 @@
 """``--prompt-file`` read with its size bounded (docs/security.md): at most the bytes the
-model's context can hold (:func:`adaptrack.limits.prompt_byte_limit`), twice, plus one, so
-that a larger file, a pipe or ``/dev/zero`` is refused at once instead of read whole and
-tokenized; with ``--truncate-prompt`` only its end is kept (twice those bytes).
+model's context can hold (:func:`adaptrack.limits.prompt_byte_limit`) and a slack of
+:data:`~adaptrack.limits.SLACK_BYTES`, plus one, so that a larger file, a pipe or
+``/dev/zero`` is refused at once instead of read whole and tokenized; with
+``--truncate-prompt`` only its end is kept (that many bytes).
 
 The file is opened before the model loads (a wrong path fails fast) and read after (the
 bound depends on the model).
 
 >>> import io
->>> read_prompt(io.BytesIO(b"hello"), "-", 100)
+>>> read_prompt(io.BytesIO(b"hello"), "-", 100, slack=100)
 'hello'
->>> read_prompt(io.BytesIO(b"x" * 201), "-", 100)  # doctest: +ELLIPSIS
+>>> read_prompt(io.BytesIO(b"x" * 201), "-", 100, slack=100)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 adaptrack.cli.common.UsageError: --prompt-file -: stdin has more than 200 bytes: ...
->>> text = read_prompt(io.BytesIO(("é" * 200 + "!").encode()), "-", 100, truncate=True)
+>>> text = read_prompt(io.BytesIO(("é" * 200 + "!").encode()), "-", 100, truncate=True,
+...                    slack=100)
 >>> len(text), text[-2:]          # the last 200 bytes, less the half character they cut
 (100, 'é!')
 """
@@ -25,6 +27,7 @@ import stat
 import sys
 from typing import BinaryIO, cast
 
+from ..limits import SLACK_BYTES
 from .common import UsageError
 
 #: The most a stream (stdin, a pipe, a device) is read when its end is kept.
@@ -77,14 +80,15 @@ def _tail(f: BinaryIO, head: bytes, keep: int, where: str) -> bytes:
     return bytes(buf[-keep:])
 
 
-def read_prompt(f: BinaryIO, path: str, limit: int | None, truncate: bool = False) -> str:
+def read_prompt(f: BinaryIO, path: str, limit: int | None, truncate: bool = False,
+                slack: int = SLACK_BYTES) -> str:
     """The UTF-8 text of ``f`` (opened by :func:`open_prompt`), where ``limit`` is the most
-    bytes that fit the model's context (None: :data:`UNKNOWN_CONTEXT_BYTES`): at most twice
-    that read, more is a ``UsageError`` saying so, or with ``truncate`` the last twice that
-    (cut at a character); a text within twice the bound is tokenized, and its tokens say how
-    far over it is (:func:`adaptrack.limits.prompt_text`)."""
+    bytes that fit the model's context (None: :data:`UNKNOWN_CONTEXT_BYTES`): at most
+    ``slack`` more are read, more is a ``UsageError`` saying so, or with ``truncate`` the
+    last that many bytes (cut at a character); a text within the slack is tokenized, and its
+    tokens say how far over it is (:func:`adaptrack.limits.prompt_text`)."""
     limit = UNKNOWN_CONTEXT_BYTES if limit is None else limit
-    bound = 2 * limit
+    bound = limit + slack
     where = "stdin" if path == "-" else f"prompt file {path!r}"
     try:
         size = _regular_size(f)
