@@ -124,3 +124,14 @@ def test_report_on_a_line_nested_too_deep_is_one_line(capsys, tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"header": {"task": "binary"}}\n' + "[" * 100_000 + "\n")
     one_error(*run(capsys, "report", str(path))[::2], "line 2 is nested more than 100 levels")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
+def test_dev_zero_as_a_constraint_file_is_refused_at_its_cap(capsys, tiny, monkeypatch):
+    from adaptrack.cli import common
+
+    monkeypatch.setattr(common, "MAX_TEXT_FILE_BYTES", 1 << 20)
+    for option, name in (("--json-schema", "--json-schema"), ("--constraint", "--choices"),
+                         ("--lark", "--lark")):
+        one_error(*run(capsys, *GEN, "--prompt", "a", option, "/dev/zero")[::2],
+                  name, "larger than 1 MiB")

@@ -187,16 +187,26 @@ def names(allowed: Iterable[str]) -> Callable[[str], tuple[str, ...]]:
 # -- input ---------------------------------------------------------------------------------
 
 
+#: The largest file of choices, names, schema or grammar read (``/dev/zero`` is endless).
+MAX_TEXT_FILE_BYTES = 64 << 20
+
+
 def read_text(path: str, what: str, option: str) -> str:
     """The UTF-8 text of ``path`` (``-``: stdin), verbatim; a ``UsageError`` naming
-    ``option`` when it cannot be read or is not UTF-8."""
+    ``option`` when it cannot be read, is larger than :data:`MAX_TEXT_FILE_BYTES` or is not
+    UTF-8."""
+    cap = MAX_TEXT_FILE_BYTES
     try:
         if path == "-":
             raw = getattr(sys.stdin, "buffer", None)
-            text = raw.read().decode("utf-8") if raw is not None else sys.stdin.read()
+            text = (raw.read(cap + 1).decode("utf-8") if raw is not None
+                    else sys.stdin.read(cap + 1))
         else:
             with open(path, encoding="utf-8", newline="") as f:
-                text = f.read()
+                text = f.read(cap + 1)
+        if len(text) > cap:
+            raise UsageError(f"{option} {path}: larger than {cap >> 20} MiB; a {what} "
+                             "is far smaller")
     except OSError as err:
         raise UsageError(f"cannot read {what} {path!r}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
