@@ -16,7 +16,16 @@ With ``--seeds 0,1,2`` each row sums every method's runs over the seeds (a ratio
 sample's length decides most of its cost, and it moves cd's time 25x between seeds on one
 MaskBench request.
 
-Run:  python benchmarks/everyday.py [--quick] [--n 1,5] [--seeds 0] [--methods cd,exact]
+Two request sets: ``--set tuned`` (default), the requests the search's defaults were tuned
+on, and ``--set frozen``, ``benchmarks/frozen_requests.json``: 56 requests drawn and written
+before the change they measure and never edited since (20 MaskBench schemas by a seeded draw,
+each after a raw and a chat prompt, and hand-written JSON, regexes, choices and Lark
+grammars); its figures are the ones that say how the searches do on requests nobody tuned on.
+Each row also gives the wall time and the forward passes (``lm.forward_calls``) as ratios to
+``cd``'s, and the summary each method's share of samples drawn by the fallback.
+
+Run:  python benchmarks/everyday.py [--set tuned|frozen] [--quick] [--n 1,5] [--seeds 0]
+      [--methods cd,exact]
       [--only TEXT] [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
       [--max-nodes 100000]
       [--kind json|regex|choice|lark] [--maskbench with|without|only] [--maskbench-tokens N]
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gzip
+import hashlib
 import json
 import statistics
 import sys
@@ -42,6 +52,7 @@ from machine import cpu_name, load  # benchmarks/machine.py (the script's direct
 import adaptrack as at
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
+FROZEN = Path(__file__).resolve().parent / "frozen_requests.json"
 METHODS = {  # label: (method, options)
     "unconstrained": ("unconstrained", {}),
     "cd": ("cd", {}),
@@ -156,6 +167,33 @@ def requests(quick: bool, maskbench_tokens: int = 160) -> list[Request]:
     return out[:6] if quick else out
 
 
+def frozen_requests() -> list[Request]:
+    """The frozen set (``FROZEN``): its MaskBench schemas read from the dev set by name and
+    checked against the sha256 written when they were drawn; absent ones skipped, saying so."""
+    doc = json.loads(FROZEN.read_text())
+    rows: dict[str, Any] = {}
+    if MASKBENCH.exists():
+        rows = {r["name"]: r["schema"] for r in map(json.loads, gzip.open(MASKBENCH))}
+    else:
+        print(f"# {MASKBENCH} is absent: the frozen set's MaskBench requests skipped",
+              file=sys.stderr)
+    out = []
+    for r in doc["requests"]:
+        spec, prompt = r.get("spec"), r.get("prompt")
+        if "maskbench" in r:
+            spec = rows.get(r["maskbench"])
+            if spec is None:
+                continue
+            digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+            if digest[:16] != r["sha256"]:
+                sys.exit(f"{r['maskbench']}: the dev set's schema is not the one drawn")
+            form = doc["maskbench_prompts"]["chat" if r["chat"] else "raw"]
+            prompt = form.format(schema=json.dumps(spec))
+        out.append(Request(r["name"], prompt, r["chat"], r["kind"], spec, r["max_new_tokens"],
+                           maskbench="maskbench" in r))
+    return out
+
+
 def crossing(lm: at.LanguageModel, prompt: str | list[int], constraint: Any,
              tokens: tuple[int, ...]) -> float:
     """Of the mass with which the model stops continuing a sample's final text, the share
@@ -182,6 +220,7 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
     method, options = METHODS[label]
     prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
     started, cpu = time.perf_counter(), time.process_time()
+    passes = getattr(lm, "forward_calls", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -191,8 +230,10 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
                               **options)
         except at.AdaptrackError as err:
             return {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
+                    "passes": getattr(lm, "forward_calls", 0) - passes,
                     "error": type(err).__name__}
     out = {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
+           "passes": getattr(lm, "forward_calls", 0) - passes,
            "calls": res.stats["lm_calls"],
            "complete": sum(s.complete for s in res.samples),
            "fallback": res.stats["fallback_samples"], "texts": res.texts}
@@ -205,7 +246,7 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
 def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One method's runs of a request over several seeds as one: times, calls, complete and
     fallback samples summed; an error if any seed's run raised (its name, the first one)."""
-    out: dict[str, Any] = {k: sum(r[k] for r in runs) for k in ("s", "cpu")}
+    out: dict[str, Any] = {k: sum(r[k] for r in runs) for k in ("s", "cpu", "passes")}
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         return {**out, "error": errors[0]}
@@ -219,6 +260,9 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", choices=("tuned", "frozen"), default="tuned",
+                        help="the requests the defaults were tuned on, or the frozen set "
+                             "(benchmarks/frozen_requests.json) nobody tuned on")
     parser.add_argument("--quick", action="store_true", help="six requests, n = 1")
     parser.add_argument("--n", default="1,5", help="sample counts, comma-separated")
     parser.add_argument("--methods", default=",".join(m for m in METHODS if m != "unconstrained"),
@@ -259,13 +303,15 @@ def main() -> None:
     from adaptrack.serve.preprocess import hf_chat_template
 
     chat = hf_chat_template(lm)
-    reqs = [r for r in requests(args.quick, args.maskbench_tokens)
+    pool = frozen_requests() if args.set == "frozen" else requests(args.quick,
+                                                                     args.maskbench_tokens)
+    reqs = [r for r in pool
             if (args.only is None or args.only in r.name) and args.kind in (None, r.kind)
             and {"with": True, "without": not r.maskbench, "only": r.maskbench}[args.maskbench]]
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
           f"end: {args.end}; max_seconds: {args.max_seconds:g}; max_nodes: {args.max_nodes}; "
-          f"search_budget: {args.search_budget:g}; "
+          f"search_budget: {args.search_budget:g}; set: {args.set}; "
           f"seeds: {args.seeds}\n")
     # One-off costs (the canonical tokenizer of fast-forward, llguidance's view of the
     # vocabulary) are paid here, not by the first request's cd.
@@ -274,10 +320,13 @@ def main() -> None:
                        else "[a-z]+", 4)
         at.generate(lm, "Hello", warm.constraint(args.json_whitespace), method="cd",
                     max_new_tokens=4)
-    head = " | ".join(f"{m}: × cd, calls, done, fb" for m in labels)
-    print(f"| request | n | cd CPU s | cd wall s | {head} |")
-    print("|---|--:|--:|--:|" + "---|" * len(labels))
+    head = " | ".join(f"{m}: × cd CPU, wall, passes; calls, done, fb" for m in labels)
+    print(f"| request | n | cd CPU s | cd wall s | cd passes | {head} |")
+    print("|---|--:|--:|--:|--:|" + "---|" * len(labels))
     ratios: dict[tuple[str, int], list[float]] = {(m, n): [] for m in labels for n in ns}
+    walls: dict[tuple[str, int], list[float]] = {(m, n): [] for m in labels for n in ns}
+    passes: dict[tuple[str, int], list[float]] = {(m, n): [] for m in labels for n in ns}
+    fell: dict[str, list[int]] = {m: [0, 0] for m in labels}  # by the fallback, drawn
     crossed: list[tuple[str, float]] = []
     short: dict[str, int] = {m: 0 for m in labels}
     for n in ns:  # every request at the first n before the next n: a cut run has one n whole
@@ -297,14 +346,21 @@ def main() -> None:
             for m in labels:
                 r = got[m]
                 ratio = r["cpu"] / base
+                wall, fwd = r["s"] / got["cd"]["s"], r["passes"] / max(got["cd"]["passes"], 1)
                 ratios[m, n].append(ratio)
+                walls[m, n].append(wall)
+                passes[m, n].append(fwd)
                 if "error" in r:
                     cells.append(f"{ratio:.1f} {r['error']}")
                     short[m] += n * len(seeds)
                     continue
                 short[m] += n * len(seeds) - r["complete"] if m != "unconstrained" else 0
-                cells.append(f"{ratio:.2f}, {r['calls']}, {r['complete']}, {r['fallback']}")
+                fell[m][0] += r["fallback"]
+                fell[m][1] += n * len(seeds)
+                cells.append(f"{ratio:.2f}, {wall:.2f}, {fwd:.2f}; {r['calls']}, "
+                             f"{r['complete']}, {r['fallback']}")
             print(f"| {req.name} | {n} | {base:.1f} | {got['cd']['s']:.1f} | "
+                  f"{got['cd']['passes']} | "
                   + " | ".join(cells) + " |", flush=True)
             if args.texts:
                 for m in labels:
@@ -312,13 +368,17 @@ def main() -> None:
                         print(f"    {m}, seed {seed}: CPU {r['cpu']:.1f} s, {r.get('calls')} "
                               f"calls, {r.get('fallback')} by the fallback: {r.get('texts')}",
                               file=sys.stderr)
-    print("\n| method | n | requests | median × cd | worst × cd |")
-    print("|---|--:|--:|--:|--:|")
+    print("\n| method | n | requests | median × cd | worst × cd | wall: median | worst "
+          "| passes: median | worst | by the fallback |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for m in labels:
         for n in ns:
             if ratios[m, n]:
+                share = f"{fell[m][0]} of {fell[m][1]}"
                 print(f"| {m} | {n} | {len(ratios[m, n])} | {statistics.median(ratios[m, n]):.2f} "
-                      f"| {max(ratios[m, n]):.2f} |")
+                      f"| {max(ratios[m, n]):.2f} | {statistics.median(walls[m, n]):.2f} "
+                      f"| {max(walls[m, n]):.2f} | {statistics.median(passes[m, n]):.2f} "
+                      f"| {max(passes[m, n]):.2f} | {share} |")
     print("\n| method | samples not complete |")
     print("|---|--:|")
     for m in labels:

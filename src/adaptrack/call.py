@@ -108,11 +108,23 @@ def _fit_prompt(lm: LanguageModel, ids: list[int], max_new_tokens: int,
     )
 
 
+#: Bytes forced from the start that :func:`_require_room` reads at most (~5 µs a byte).
+FORCED_CHECK_BYTES = 1 << 16
+
+
 def _require_room(matcher: Matcher, max_new_tokens: int) -> None:
     """``NoValidSequenceError`` before any model work when the constraint's shortest
-    complete sequence needs more than ``max_new_tokens`` tokens (docs/design.md §6): a search
-    could otherwise open every prefix of an empty language (hours on a real model)."""
+    complete sequence needs more than ``max_new_tokens`` tokens (docs/design.md §6): the
+    matcher's ``min_new_tokens``, or the bytes it forces from the start over the longest
+    token. A search could otherwise open every prefix of an empty language (hours on a real
+    model), and CD would answer an invalid text."""
     need = int(getattr(matcher, "min_new_tokens", lambda: 1)())
+    longest = matcher.vocab.max_token_len
+    if need <= max_new_tokens and longest:
+        # Bytes the constraint forces from the start (a grammar that only ever repeats
+        # itself, a long literal): a text of k tokens holds at most k x longest of them.
+        limit = min(max_new_tokens * longest + 1, FORCED_CHECK_BYTES)
+        need = max(need, -(-len(matcher.forced_bytes(matcher.start(), limit)) // longest))
     if need > max_new_tokens:
         what = (f"at least {need} tokens (EOS or terminator included)" if need < 1 << 32
                 else "more tokens than any limit")
@@ -190,8 +202,9 @@ class PreparedCall:
         self.matcher = matcher = _bind(constraint, lm)
         self.unconstrained = o.method == "unconstrained"
         free = constraint is None or isinstance(constraint, Anything)
-        if o.method in SEARCHES and not o.allow_truncated:  # a cut text is a valid end
+        if not self.unconstrained and not o.allow_truncated:  # a cut text is a valid end
             _require_room(matcher, o.max_new_tokens)
+        if o.method in SEARCHES and not o.allow_truncated:
             if free:
                 warnings.warn(FreeTextWarning(
                     f"method={o.method!r} with no constraint samples text that ends (EOS) "
@@ -268,6 +281,7 @@ class PreparedCall:
             "ff_unencodable": tree.ff_unencodable,
             "prompt_tokens": len(self.ids),
             "fallback_samples": sum(s.fallback for s in finished),
+            "forward_passes": 0 if self.request is None else self.request.passes,
             "seconds": (self.finished or time.perf_counter()) - self.started,
             **self.matcher.stats(),
         }

@@ -23,9 +23,10 @@ class NoValidSequenceError(AdaptrackError):
     """The constraint admits no complete sequence within ``max_new_tokens``.
 
     Raised once the prefix tree proves it (the root's estimated valid mass Q[ε] is 0), or,
-    for the searching methods (asap, adaptrack, exact) and ``exact_distribution``, up front
-    when the constraint's shortest complete sequence needs more tokens than allowed
-    (``Matcher.min_new_tokens``), so no method can loop on an empty language.
+    for every constrained method and ``exact_distribution``, up front when the
+    constraint's shortest complete sequence needs more tokens than allowed
+    (``Matcher.min_new_tokens``, or the bytes it forces from the start), so no method
+    loops on an empty language and CD answers no invalid text for one.
     """
 
 
@@ -101,3 +102,10 @@ class ResultsMismatchError(AdaptrackError):
 class WorkerError(AdaptrackError):
     """An evaluation worker process failed to set up (the message carries its error) or
     died."""
+
+
+class SandboxUnavailableError(AdaptrackError):
+    """Generated code would run without isolation (no bubblewrap here, or the kernel
+    refuses its namespaces) and the caller did not allow that explicitly
+    (``allow_unsandboxed=True``, ``--unsafe-run-code``); the message says what is missing
+    and how to install it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .call import PreparedCall, _bind, _fit_prompt, _prompt_ids, _require_room, check_lm
@@ -161,9 +161,9 @@ def generate(
     CD's worst case (``CallLimitError``). Refused before any model work: a prompt that
     with ``max_new_tokens`` exceeds the model's ``context_length`` (``PromptTooLongError``,
     or with ``truncate_prompt=True`` the prompt keeps its last ``context_length -
-    max_new_tokens`` tokens), and, for ``asap``, ``adaptrack`` and ``exact``, a constraint
-    whose shortest complete sequence needs more than ``max_new_tokens`` tokens
-    (``NoValidSequenceError``). With no constraint these three methods warn
+    max_new_tokens`` tokens), and, for every constrained method, a constraint whose
+    shortest complete sequence provably needs more than ``max_new_tokens`` tokens
+    (``NoValidSequenceError``). With no constraint ``asap``, ``adaptrack`` and ``exact`` warn
     (:class:`FreeTextWarning`): they sample text that ends within ``max_new_tokens``;
     ``method="unconstrained"`` is for free text.
 
@@ -265,6 +265,30 @@ def generate_each(
                   up_front=False)
 
 
+def generate_each_as_done(
+    lm: LanguageModel,
+    calls: Sequence[dict[str, Any]],
+    *,
+    batch_size: int = 32,
+    max_batch_tokens: int | None = 1024,
+) -> Iterator[tuple[int, Any]]:
+    """:func:`generate_each`, yielding ``(index, outcome)`` as each call finishes, in the
+    order they finish (the evaluation harness writes a job's record as soon as its calls
+    are done). Bad arguments raise here, before any model work.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> calls = [dict(prompt=[], constraint=at.constraints.choice([text]), temperature=0,
+    ...               fast_forward=False) for text in ("0000", "1")]
+    >>> [(i, r.texts) for i, r in generate_each_as_done(lm, calls)]
+    [(1, ['1']), (0, ['0000'])]
+    """
+    if not isinstance(calls, Sequence):
+        raise TypeError(f"calls must be a sequence of dicts, got {type(calls).__name__}")
+    return _serve_as_done(lm, [_call(call) for call in calls], batch_size, max_batch_tokens,
+                          up_front=False)
+
+
 #: One prompt for :func:`_serve`: prompt, constraint, options and ``on_sample``.
 _Spec = tuple[Any, "Constraint | None", SamplingOptions, "Callable[[Sample], None] | None"]
 
@@ -313,6 +337,17 @@ def _serve(lm: LanguageModel, calls: Sequence[_Spec], batch_size: int,
            max_batch_tokens: int | None, *, up_front: bool) -> list[Any]:
     """``generate_each``; ``up_front``: an error found before model work (a prompt too
     long, an empty language) is raised at once, else it is that call's outcome."""
+    outcomes: list[Any] = [None] * len(calls)
+    for i, outcome in _serve_as_done(lm, calls, batch_size, max_batch_tokens,
+                                     up_front=up_front):
+        outcomes[i] = outcome
+    return outcomes
+
+
+def _serve_as_done(lm: LanguageModel, calls: Sequence[_Spec], batch_size: int,
+                   max_batch_tokens: int | None, *, up_front: bool
+                   ) -> Iterator[tuple[int, Any]]:
+    """:func:`_serve`, yielding ``(index, outcome)`` as each call's request is done."""
     engine = _engine(lm, batch_size, max_batch_tokens)
     started = time.perf_counter()
     prepared: list[PreparedCall | AdaptrackError] = []
@@ -327,9 +362,18 @@ def _serve(lm: LanguageModel, calls: Sequence[_Spec], batch_size: int,
             prepared.append(err)
     requests = [c if isinstance(c, AdaptrackError) else c.submit(engine, batch_size)
                 for c in prepared]
-    engine.run()
-    return [c if isinstance(c, AdaptrackError) else c.outcome(r)  # type: ignore[arg-type]
-            for c, r in zip(prepared, requests, strict=True)]
+    waiting = []
+    for i, c in enumerate(prepared):
+        if isinstance(c, AdaptrackError):
+            yield i, c
+        else:
+            waiting.append(i)
+    while waiting:
+        more = engine.step()
+        done = [i for i in waiting if not more or requests[i].done]  # type: ignore[union-attr]
+        waiting = [i for i in waiting if i not in done]
+        for i in done:
+            yield i, prepared[i].outcome(requests[i])  # type: ignore[union-attr, arg-type]
 
 
 def exact_distribution(

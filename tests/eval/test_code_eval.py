@@ -16,8 +16,8 @@ from paths import SHARED
 import adaptrack as at
 from adaptrack import constraints
 from adaptrack.cli import main
-from adaptrack.errors import ResultsMismatchError
-from adaptrack.eval import codetask, humaneval, mbpp, runner
+from adaptrack.errors import ResultsMismatchError, SandboxUnavailableError
+from adaptrack.eval import codetask, humaneval, mbpp, runner, sandbox
 from adaptrack.eval.codetask import STOP, CodeProblem, CodeTask, accepts_text, cut_at_stop
 from adaptrack.eval.report import code_scores, report
 
@@ -55,6 +55,8 @@ PROBLEM = CodeProblem("HumanEval/toy", "def f(x):\n", "def f(x):\n", STOP,
 @dataclass
 class ToyTask(CodeTask):
     name = "humaneval"  # so that report reads its file as Table 3
+    # The toy model's completions are known; they run isolated where bubblewrap is here.
+    allow_unsandboxed: bool = True
 
     def problems(self) -> list[CodeProblem]:
         return [PROBLEM]
@@ -199,9 +201,9 @@ def test_humaneval_problems_from_the_cached_wheel(tmp_path, monkeypatch):
     assert (p.task_id, p.prefix, p.stop) == ("HumanEval/0", "def inc(x):\n", STOP)
     assert p.program("    return x + 1").endswith("check(inc)\n")
     assert codetask.run_completion(p, "    return x + 1", timeout=10,
-                                   memory_bytes=2**30).status == "pass"
+                                   memory_bytes=2**30, allow_unsandboxed=True).status == "pass"
     assert codetask.run_completion(p, "    return x", timeout=10,
-                                   memory_bytes=2**30).status == "fail"
+                                   memory_bytes=2**30, allow_unsandboxed=True).status == "fail"
 
 
 def _mbpp_file(name: str) -> Path:
@@ -230,10 +232,11 @@ def test_mbpp_reference_solutions_pass_in_the_sandbox():
     rows = {r["task_id"]: r for r in mbpp.read(str(path))[1]}
     for p in mbpp.problems(str(path), shots=0)[:3]:
         code = rows[int(p.task_id.split("/")[1])]["code"]
-        out = codetask.run_completion(p, code, timeout=10, memory_bytes=2**30)
+        out = codetask.run_completion(p, code, timeout=10, memory_bytes=2**30,
+                                      allow_unsandboxed=True)
         assert out.status == "pass", (p.task_id, out)
         assert codetask.run_completion(p, "def nothing(): pass", timeout=10,
-                                       memory_bytes=2**30).status == "error"
+                                       memory_bytes=2**30, allow_unsandboxed=True).status == "error"
 
 
 def test_cli_code_tasks(tmp_path, capsys):
@@ -250,6 +253,20 @@ def test_cli_code_tasks(tmp_path, capsys):
     runner.run(ToyTask(methods=("unconstrained", "cd"), n=2, constraint=no_y), out)
     assert main(["report", str(out)]) == 0
     assert "## Functional correctness (Table 3)" in capsys.readouterr().out
+
+
+def test_a_run_without_isolation_is_refused_unless_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "bwrap is not installed")
+    with pytest.raises(SandboxUnavailableError, match="bwrap is not installed"):
+        ToyTask(methods=("unconstrained",), allow_unsandboxed=False)
+    out = tmp_path / "h.jsonl"
+    assert main(["eval", "humaneval", "-o", str(out), "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install bubblewrap" in err and "--unsafe-run-code" in err
+    assert not out.exists()
+    task = ToyTask(methods=("unconstrained",), n=1, allow_unsandboxed=True)
+    (record,) = runner.run(task, out)
+    assert record["isolated"] is False and record["greedy"]["status"] in ("pass", "error")
 
 
 @pytest.fixture(scope="module")

@@ -147,6 +147,61 @@ def test_runner_resumes_without_losing_or_redoing_work(tmp_path):
     assert seen == [(4, 0)]  # counts only this task's jobs
 
 
+class Streamed(Squares):
+    """Jobs run in groups of 4 (``run_each``): before finishing a job, it waits (a bounded
+    time) for the group's previous job to be in the results file, and says whether it was."""
+
+    group = 4
+
+    def __init__(self, count: int, path: Path) -> None:
+        super().__init__(count)
+        self.path = path
+
+    def run_each(self, jobs):
+        previous = None
+        for job in jobs:
+            seen = previous is None
+            for _ in range(400):
+                if seen or f'"key": "{previous}"' in self.path.read_text():
+                    seen = True
+                    break
+                time.sleep(0.05)
+            previous = job["key"]
+            yield {**self.run(job), "previous_in_file": seen}
+
+    def run_many(self, jobs):
+        return list(self.run_each(jobs))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_records_reach_the_file_as_each_job_of_a_group_finishes(tmp_path, workers):
+    path = tmp_path / "r.jsonl"
+    records = runner.run(Streamed(8, path), path, workers=workers)
+    assert len(records) == 8
+    assert all(r["previous_in_file"] for r in records)
+
+
+def test_a_record_line_written_twice_counts_once(tmp_path):
+    path = tmp_path / "r.jsonl"
+    runner.run(Squares(3), path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[2], lines[1]]) + "\n")  # j1 and j0 again
+    _, records = runner.read_results(path)
+    assert [r["key"] for r in records] == ["j0", "j1", "j2"]
+    again = Squares(4)
+    assert [r["key"] for r in runner.run(again, path)] == ["j0", "j1", "j2", "j3"]
+    assert again.ran == [3]
+
+
+def test_report_plots_into_a_file_is_a_one_line_error(tmp_path, capsys):
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(gzip.decompress((RESULTS / "binary.jsonl.gz").read_bytes()))
+    for plots in ("/etc/passwd", "/etc/passwd/x"):
+        assert main(["report", str(path), "--plots", plots]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"adaptrack: error: --plots {plots}") and err.count("\n") == 1
+
+
 def test_runner_refuses_a_file_from_other_options(tmp_path):
     path = tmp_path / "r.jsonl"
     runner.run(Squares(2), path)

@@ -470,3 +470,29 @@ def test_a_walk_waits_again_for_an_expansion_the_cache_dropped():
     with pytest.raises(StopIteration) as done:
         next(wait)
     assert done.value.value is tree.root.expansion and tree.lm_calls == 2
+
+
+class _PassCounter(at.TableLM):
+    """A TableLM that counts its forward passes (``calls`` counts rows)."""
+
+    passes = 0
+
+    def next_logprobs(self, prefixes):
+        self.passes += 1
+        return super().next_logprobs(prefixes)
+
+    def logprobs_along_many(self, reqs):
+        self.passes += 1
+        return super().logprobs_along_many(reqs)
+
+
+def test_forward_passes_count_the_passes_a_request_waited_for():
+    """A request alone waits for every pass the model made; the n walks of a search share
+    passes, so it waits for fewer passes than it made model calls."""
+    lm = _PassCounter([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    words = at.constraints.choice(["aaaa", "abab", "bbbb", "baba"])
+    for method, n in (("cd", 1), ("adaptrack", 4), ("exact", 4)):
+        before = lm.passes
+        res = at.generate(lm, [], words, method=method, n=n, seed=0, max_new_tokens=6)
+        assert res.stats["forward_passes"] == lm.passes - before > 0
+    assert res.stats["forward_passes"] < res.stats["lm_calls"]

@@ -2,8 +2,10 @@
 
 Every method must end, quickly, on a problem with no valid complete sequence: ``asap``,
 ``adaptrack`` (whatever its options) and ``exact`` raise ``NoValidSequenceError``; ``cd``
-raises only when no first token is valid and otherwise returns the dead end it walked into as
-an incomplete sample; ``unconstrained`` returns samples the constraint rejects.
+raises before any model call where the constraint's shortest text is proved longer than
+``max_new_tokens`` (as every method does), and when no first token is valid, and otherwise
+returns the dead end it walked into as an incomplete sample; ``unconstrained`` returns samples
+the constraint rejects.
 """
 
 from __future__ import annotations
@@ -117,10 +119,12 @@ def test_exact_distribution_raises_on_an_empty_language(name, tokens, constraint
 def test_cd_returns_its_dead_end_or_raises_at_the_root(name, tokens, constraint, max_new_tokens,
                                                        has_first, temperature) -> None:
     lm = make_lm(tokens)
-    if not has_first:
+    proved = constraint.bind(lm.vocab).min_new_tokens() > max_new_tokens
+    if proved or not has_first:
         with pytest.raises(NoValidSequenceError):
             timed(generate, lm, [], constraint, method="cd", n=3, temperature=temperature,
                   max_new_tokens=max_new_tokens, seed=0)
+        assert not proved or lm.calls == 0
         return
     result = timed(generate, lm, [], constraint, method="cd", n=3, temperature=temperature,
                    max_new_tokens=max_new_tokens, seed=0)
@@ -139,15 +143,26 @@ def test_cd_returns_its_dead_end_or_raises_at_the_root(name, tokens, constraint,
         assert s.text == lm.vocab.decode(s.tokens).decode()
 
 
+def _rarely(tokens: list[bytes], rare: bytes) -> TableLM:
+    """A TableLM over ``tokens`` plus EOS where ``rare`` has almost no weight."""
+    vocab = [*tokens, b"<eos>"]
+    weights = [1e-9 if t == rare else 1.0 for t in vocab]
+    return TableLM(vocab, lambda prefix: weights, eos=len(vocab) - 1)
+
+
 def test_cd_stops_where_the_string_cannot_finish() -> None:
-    """choice(["abcdef"]) with one byte per token: CD walks a, b and stops there when
-    max_new_tokens=3 (the third token would have to end the sequence)."""
-    lm = make_lm([b"a", b"b", b"c", b"d", b"e", b"f"])
-    result = generate(lm, [], choice(["abcdef"]), method="cd", n=2, max_new_tokens=3, seed=0)
+    """choice(["abcdef", "f"]) with one byte per token and "f" all but never drawn: CD walks
+    a, b and stops there when max_new_tokens=3 (the third token would have to end the
+    sequence); "abcdef" alone is refused up front, its shortest text being too long."""
+    lm = _rarely([b"a", b"b", b"c", b"d", b"e", b"f"], b"f")
+    both = choice(["abcdef", "f"])
+    result = generate(lm, [], both, method="cd", n=2, max_new_tokens=3, seed=0)
     assert [s.tokens for s in result.samples] == [(0, 1), (0, 1)]
     assert [s.text for s in result.samples] == ["ab", "ab"]
-    result = generate(lm, [], choice(["abcdef"]), method="cd", max_new_tokens=6, seed=0)
+    result = generate(lm, [], both, method="cd", max_new_tokens=6, seed=0)
     assert result.samples[0].tokens == (0, 1, 2, 3, 4)
+    with pytest.raises(NoValidSequenceError, match="at least 7 tokens"):
+        generate(lm, [], choice(["abcdef"]), method="cd", max_new_tokens=6, seed=0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -392,7 +407,7 @@ class _Bounded(at.constraints.Constraint):
 def test_the_lower_bound_is_asked_of_any_constraint(method) -> None:
     lm = _counting([b"a", b"b"])
     c = _Bounded(choice(["ab", "ba"]), 5)
-    if method in ("cd", "unconstrained"):  # they cannot loop: cd returns its dead end
+    if method == "unconstrained":  # free text: no constraint to refuse
         assert len(generate(lm, [], c, method=method, n=2, max_new_tokens=4).samples) == 2
         return
     with pytest.raises(NoValidSequenceError, match=r"at least 5 tokens.*max_new_tokens=4"):
@@ -423,11 +438,12 @@ class _LimitRecorder(at.constraints.Constraint):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_forced_bytes_are_asked_only_as_far_as_the_length_limit_reaches(temperature) -> None:
-    """A forced string far longer than max_new_tokens (500 "a"s, 8 tokens of at most 2 bytes)
-    is asked for at most (8 + 4 held back) · 2 + 3 bytes, and the cut changes no sample."""
-    lm = make_lm([b"a", b"aa"])
-    limited, full = _LimitRecorder(choice(["a" * 500])), _LimitRecorder(choice(["a" * 500]),
-                                                                         honour=False)
+    """A forced string far longer than max_new_tokens (500 "a"s after the first, 8 tokens of
+    at most 2 bytes; the other text, "b", all but never drawn) is asked for at most
+    (8 + 4 held back) · 2 + 3 bytes, and the cut changes no sample."""
+    lm = _rarely([b"a", b"aa", b"b"], b"b")
+    limited, full = (_LimitRecorder(choice(["a" * 500, "b"])),
+                     _LimitRecorder(choice(["a" * 500, "b"]), honour=False))
     runs = [generate(lm, [], c, method="cd", n=3, max_new_tokens=8, seed=0,
                      temperature=temperature) for c in (limited, full)]
     assert limited.limits and all(x is not None and x <= 27 for x in limited.limits)
@@ -437,11 +453,15 @@ def test_forced_bytes_are_asked_only_as_far_as_the_length_limit_reaches(temperat
 
 
 def test_a_forced_string_of_a_hundred_million_bytes() -> None:
-    """regex("a{99999999}"): the grammar walks at most the limit (llguidance's own forcing
+    """regex("a{99999999}"): refused before any model call (its shortest text needs 50 million
+    tokens); behind a rare "b" the grammar walks at most the limit (llguidance's own forcing
     would compute all 99 999 999 bytes, then the tokenizer would split them)."""
-    lm = make_lm([b"a", b"aa"])
-    res = generate(lm, [], at.constraints.regex("a{99999999}"), method="cd", max_new_tokens=8,
-                   seed=0)
+    lm = _rarely([b"a", b"aa", b"b"], b"b")
+    with pytest.raises(NoValidSequenceError, match="at least 50000001 tokens"):
+        generate(lm, [], at.constraints.regex("a{99999999}"), method="cd", max_new_tokens=8)
+    assert lm.calls == 0
+    res = generate(lm, [], at.constraints.regex("b|a{99999999}"), method="cd",
+                   max_new_tokens=8, seed=0)
     assert not res.samples[0].complete and set(res.samples[0].text) == {"a"}
     assert res.stats["lm_calls"] <= 8
 

@@ -190,15 +190,19 @@ def test_adaptrack_options_need_adaptrack_even_when_the_method_is_implied():
     assert (req.method, req.share_q, req.max_backtrack) == ("adaptrack", True, 2)
 
 
-def test_chat_lengths_agree_and_top_logprobs_stay_zero():
+def test_chat_lengths_agree_and_top_logprobs_need_logprobs():
     messages = [{"role": "user", "content": "x"}]
     req = ChatCompletionRequest.model_validate({"messages": messages, "max_tokens": 4,
                                                 "max_completion_tokens": 4})
     assert req.max_tokens == req.max_completion_tokens == 4
     err = refused({"messages": messages, "max_tokens": 4, "max_completion_tokens": 5}, "chat")
     assert err.param == "max_completion_tokens" and "max_tokens" in err.message
-    err = refused({"messages": messages, "logprobs": True, "top_logprobs": 2}, "chat")
-    assert err.param == "top_logprobs" and "top alternatives" in err.message
+    err = refused({"messages": messages, "top_logprobs": 2}, "chat")
+    assert err.param == "top_logprobs" and '"logprobs": true' in err.message
+    err = refused({"messages": messages, "logprobs": True, "top_logprobs": 21}, "chat")
+    assert err.param == "top_logprobs" and "between 0 and 20" in err.message
+    assert validate(json.dumps({"messages": messages, "logprobs": True, "top_logprobs": 2}),
+                    "chat", max_n=8).top_logprobs == 2
     ok = ChatCompletionRequest.model_validate({"messages": messages, "top_logprobs": 0,
                                                "stream": True,
                                                "stream_options": {"include_usage": True}})

@@ -519,7 +519,19 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "(0, 1]"),
     ({"prompt": "x", "seed": -1}, 400, "seed", "between 0"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
-    ({"prompt": "x", "logprobs": 2}, 400, "logprobs", "top alternatives"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs", "between 0 and 20"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}}, 400,
+     "structured_outputs", "exactly one"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a"}, "guided_regex": "a"}, 400,
+     "guided_regex", "at most one"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, 400,
+     "structured_outputs", "apply to json"),
+    ({"prompt": "x", "structured_outputs": {"structural_tag": {"format": {}}}}, 400,
+     "structured_outputs.structural_tag", "only the form"),
+    ({"prompt": "x", "guided_whitespace_pattern": " "}, 400, "guided_whitespace_pattern",
+     "JSON constraint"),
+    ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tools", "not supported"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options",
      "stream"),
     ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
@@ -543,8 +555,12 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": "x", "max_seconds": 0}, 400, "max_seconds", "(0, inf]"),
     ({"prompt": "x", "search_budget": -1}, 400, "search_budget", "(0, inf]"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
-    ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 422, "guided_regex",
+    ({"prompt": "x", "guided_regex": "[ab]{100}", "max_tokens": 8}, 400, "guided_regex",
      "max_new_tokens=8"),
+    ({"prompt": "x", "guided_json": {"type": "string", "minLength": 10**9}, "max_tokens": 8},
+     400, "guided_json", "max_new_tokens=8"),
+    ({"prompt": "x", "guided_grammar": 'start: "a" start', "max_tokens": 8}, 400,
+     "guided_grammar", "max_new_tokens=8"),
 ]
 
 
@@ -582,7 +598,7 @@ def test_chat_errors_name_the_field(toy):
     assert "only text" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "x"}],
-                                  logprobs=True, top_logprobs=3)
+                                  logprobs=True, top_logprobs=21)
     assert e.value.body["param"] == "top_logprobs"
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
@@ -590,20 +606,20 @@ def test_chat_errors_name_the_field(toy):
     assert status == 404 and json.loads(data)["error"]["code"] == "not_found"
 
 
-def test_an_empty_language_is_422_with_the_python_apis_error(toy):
+def test_an_empty_language_is_400_with_the_python_apis_error(toy):
     url, lm, _ = toy
     with pytest.raises(at.NoValidSequenceError) as expected:
         at.generate(lm, "x", at.constraints.regex("[ab]{100}"), max_new_tokens=8)
-    with pytest.raises(openai.UnprocessableEntityError) as got:
+    with pytest.raises(openai.BadRequestError) as got:
         client(url).completions.create(model="toy", prompt="x", max_tokens=8,
                                        extra_body={"guided_regex": "[ab]{100}"})
     assert got.value.body["message"] == str(expected.value)
     assert got.value.body["code"] == "no_valid_sequence"
-    # found while sampling (no sequence within top_p's cut), not up front: also 422
+    # found while sampling (no sequence within top_p's cut), not up front: also 400
     lm2 = at.TableLM(["a", "b", "<eos>"], lambda p: [1, 0, 1], eos=2)
     with serving(lm2) as (url2, _):
         status, body = post(url2, "/v1/completions", {"prompt": "a", "guided_choice": ["b"]})
-    assert status == 422 and body["error"]["code"] == "no_valid_sequence"
+    assert status == 400 and body["error"]["code"] == "no_valid_sequence"
 
 
 def test_an_api_key_guards_v1_but_not_health():

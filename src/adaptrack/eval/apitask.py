@@ -10,7 +10,7 @@ setting × sweep value), their records, and the declaration of their options and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
@@ -212,22 +212,23 @@ class ApiTask(ModelTask):
         """Called with the group's distinct prompts before it is served (a hook)."""
 
     def run_many(self, jobs: list[Job]) -> list[Record]:
-        """The records of ``jobs``, in order: each temperature's jobs from one engine, where
-        every job's greedy and sampled ``generate`` calls share batched model calls. A
-        job's ``seconds`` runs from its engine's start to its own last sample (jobs of a
-        group overlap in time)."""
-        by_temperature: dict[float, list[int]] = {}
-        for i, job in enumerate(jobs):
-            by_temperature.setdefault(job.get("temperature", self.temperatures[0]),
-                                      []).append(i)
-        records: list[Record] = [{}] * len(jobs)
-        for t, indices in by_temperature.items():
-            for i, record in zip(indices, self._serve([jobs[i] for i in indices], t),
-                                 strict=True):
-                records[i] = record
-        return records
+        """The records of ``jobs``, in order (:meth:`run_each`)."""
+        by_key = {r["key"]: r for r in self.run_each(jobs)}
+        return [by_key[job["key"]] for job in jobs]
 
-    def _serve(self, jobs: list[Job], temperature: float) -> list[Record]:
+    def run_each(self, jobs: list[Job]) -> Iterator[Record]:
+        """The records of ``jobs`` as each finishes: each temperature's jobs from one
+        engine, where every job's greedy and sampled ``generate`` calls share batched model
+        calls. A job's ``seconds`` runs from its engine's start to its own last sample
+        (jobs of a group overlap in time)."""
+        by_temperature: dict[float, list[Job]] = {}
+        for job in jobs:
+            by_temperature.setdefault(job.get("temperature", self.temperatures[0]),
+                                      []).append(job)
+        for t, group in by_temperature.items():
+            yield from self._serve(group, t)
+
+    def _serve(self, jobs: list[Job], temperature: float) -> Iterator[Record]:
         calls = []
         for job in jobs:
             p, method, setting = self.lookup(job["problem"]), job["method"], job["setting"]
@@ -257,7 +258,9 @@ class ApiTask(ModelTask):
                     "incomplete": sampled.stats["incomplete"],
                     "seconds": max(greedy.stats["seconds"], sampled.stats["seconds"])}
 
-        return self.greedy_and_sampled(calls, self.n, temperature, self.batch_size, finish)
+        for _, record in self.greedy_and_sampled_each(calls, self.n, temperature,
+                                                      self.batch_size, finish):
+            yield record
 
 
 

@@ -50,7 +50,11 @@ CODE_OPTIONS: tuple[Option, ...] = (
            keyword="memory_bytes", convert=lambda mib: mib * 2**20,
            help="address-space limit of each program in MiB (default: 1024)"),
     Option(("--exec-workers",), type="positive_int", default=2, metavar="N",
-           help="programs run at once, each in its own process (default: 2)"))
+           help="programs run at once, each in its own process (default: 2)"),
+    Option(("--unsafe-run-code",), flag=True, keyword="allow_unsandboxed",
+           help="where bubblewrap cannot isolate the generated programs, run them anyway "
+                "as your user, with your files and network (by default the run refuses "
+                "to start; docs/sandbox.md)"))
 
 #: The fields of a code task's header (:meth:`~adaptrack.eval.codetask.CodeTask.config`).
 CODE_HEADER: dict[str, Check] = {
@@ -191,7 +195,7 @@ def code_report(header: dict[str, Any], records: list[Record], plots: Any = None
              f"{header.get('max_new_tokens')} ({ends}), search budget {budget}, data "
              f"{header.get('data')}{shots}; sandbox limits {header.get('timeout')} s and "
              f"{(header.get('memory_bytes') or 0) / 2**20:.0f} MiB per program"
-             f"{'' if s['isolated'] else ', with network (no namespace isolation here)'}. "
+             f"{'' if s['isolated'] else ', unsandboxed (as the harness user, with network)'}. "
              f"Wall time {s['wall_seconds'] / 60:.1f} min."]
     if s["dropped"]:
         lines.append(f"{s['dropped']} more problems lack some method (the run has not "

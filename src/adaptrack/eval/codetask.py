@@ -18,7 +18,8 @@ check". The constrained methods decode with that constraint, built by the task's
 '    return 1'
 >>> parses(p, "    return 1")
 True
->>> run_completion(p, "    return 1", timeout=10, memory_bytes=2**30).status
+>>> run_completion(p, "    return 1", timeout=10, memory_bytes=2**30,
+...                allow_unsandboxed=True).status
 'pass'
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ from ..errors import AdaptrackError
 from ..tokenization.vocab import Vocabulary
 from .jobs import Job, Record
 from .modeltask import ModelTask, check_methods, seed_for
-from .sandbox import Outcome, run_program
+from .sandbox import Outcome, require_isolation, run_program
 
 if TYPE_CHECKING:
     from ..generate import GenerationResult
@@ -138,9 +139,11 @@ def accepts_text(constraint: Constraint, text: str, stop: tuple[str, ...] = ()) 
 
 
 def run_completion(problem: CodeProblem, completion: str, *, timeout: float,
-                   memory_bytes: int) -> Outcome:
-    """The sandbox's outcome of ``completion``'s program."""
-    return run_program(problem.program(completion), timeout=timeout, memory_bytes=memory_bytes)
+                   memory_bytes: int, allow_unsandboxed: bool = False) -> Outcome:
+    """The sandbox's outcome of ``completion``'s program
+    (:func:`~adaptrack.eval.sandbox.run_program`)."""
+    return run_program(problem.program(completion), timeout=timeout, memory_bytes=memory_bytes,
+                       allow_unsandboxed=allow_unsandboxed)
 
 
 @dataclass
@@ -153,7 +156,7 @@ class CodeTask(ModelTask):
     (``n``), each completion an object ``{"text", "status", "detail", "parses", "names"}``
     (``names``: the name check, ``null`` without the python constraint); ``lm_requests``
     (per sample), ``lm_calls``, ``backtracks``, ``incomplete``, ``seconds`` (generation),
-    ``exec_seconds`` and ``isolated`` (whether the sandbox had no network); or ``error``
+    ``exec_seconds`` and ``isolated`` (whether the programs ran in the sandbox); or ``error``
     (an :class:`~adaptrack.errors.AdaptrackError` of generation, scored as a miss).
     """
 
@@ -185,6 +188,10 @@ class CodeTask(ModelTask):
     #: Sandbox limits per program: wall seconds and address-space bytes.
     timeout: float = 10.0
     memory_bytes: int = 2**30
+    #: Run the programs without isolation where bubblewrap is unavailable (as the
+    #: harness's user, with its files and network) instead of refusing to start
+    #: (:class:`~adaptrack.errors.SandboxUnavailableError`); ``--unsafe-run-code``.
+    allow_unsandboxed: bool = False
     #: Builds the constrained methods' constraint from (prefix, stop); a module-level
     #: function, so that the task pickles to worker processes.
     constraint: ConstraintFactory | None = None
@@ -212,6 +219,8 @@ class CodeTask(ModelTask):
         if not self.timeout > 0 or self.memory_bytes < 2**24:
             raise ValueError(f"timeout must be > 0 and memory_bytes at least 16 MiB, got "
                              f"{self.timeout} and {self.memory_bytes}")
+        # Before any model work: a run that could not execute its completions is refused.
+        require_isolation(self.allow_unsandboxed)
         constrained = [m for m in self.methods if m != "unconstrained"]
         if constrained and self.constraint is None and not has_python_constraint():
             raise ValueError(f"method {constrained[0]!r} decodes with "
@@ -255,8 +264,13 @@ class CodeTask(ModelTask):
         return make(problem.prefix, problem.stop)
 
     def run_many(self, jobs: list[Job]) -> list[Record]:
-        """The records of ``jobs``, in order: their greedy and sampled ``generate`` calls
-        share one engine; then every completion runs in the sandbox."""
+        """The records of ``jobs``, in order (:meth:`run_each`)."""
+        return list(self.run_each(jobs))
+
+    def run_each(self, jobs: list[Job]) -> Iterator[Record]:
+        """The records of ``jobs``, in order, each as soon as it is scored: their greedy
+        and sampled ``generate`` calls share one engine; then every completion runs in the
+        sandbox."""
         by_id = {p.task_id: p for p in self.problems()}
         calls = []
         for job in jobs:
@@ -282,7 +296,10 @@ class CodeTask(ModelTask):
 
         records = self.greedy_and_sampled(calls, self.n, self.temperature, self.batch_size,
                                           finish)
-        return [self._score(by_id[r["problem"]], r) if "texts" in r else r for r in records]
+        # Scored after the whole group's generation: a program's run time is not taken
+        # from the other jobs' search budgets.
+        for r in records:
+            yield self._score(by_id[r["problem"]], r) if "texts" in r else r
 
     def _score(self, problem: CodeProblem, record: Record) -> Record:
         """``record`` with its completions cut, checked and executed (programs in parallel
@@ -302,7 +319,9 @@ class CodeTask(ModelTask):
         with ThreadPoolExecutor(max(1, self.exec_workers)) as pool:
             outcomes = dict(zip(unique, pool.map(
                 lambda c: run_completion(problem, c, timeout=self.timeout,
-                                         memory_bytes=self.memory_bytes), unique), strict=True))
+                                         memory_bytes=self.memory_bytes,
+                                         allow_unsandboxed=self.allow_unsandboxed), unique),
+                strict=True))
         checked = {c: (parses(problem, c), names_of(c)) for c in unique}
         rows = [{"text": c, "status": outcomes[c].status, "detail": outcomes[c].detail,
                  "parses": checked[c][0], "names": checked[c][1]} for c in completions]

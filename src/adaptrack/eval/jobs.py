@@ -2,7 +2,8 @@
 :class:`Pool` protocols, and how jobs are grouped and timed (docs/design.md §4, ``eval/``).
 
 A pool (local, :mod:`~adaptrack.eval.raypool`) runs groups of jobs with :func:`grouped`
-and :func:`timed_group`, so a job's record is the same wherever it ran.
+and :func:`timed_records` (:func:`timed_group`), so a job's record is the same wherever it
+ran.
 """
 
 from __future__ import annotations
@@ -46,14 +47,29 @@ def group_size(task: Task) -> int:
 
 
 def timed_group(task: Task, jobs: list[Job]) -> list[Record]:
-    """Run a group of jobs; each record is stamped with the group's start and end (its jobs
-    ran at the same time)."""
+    """The records of :func:`timed_records`, all at the group's end."""
+    return list(timed_records(task, jobs))
+
+
+def timed_records(task: Task, jobs: list[Job]) -> Iterator[Record]:
+    """Run a group of jobs, yielding each record as its job finishes, stamped with the
+    group's start (its jobs ran at the same time) and its own end. A task with
+    ``run_each(jobs)`` (records as they finish, in any order) hands them over one by one;
+    one with only ``run_many`` at the group's end."""
     if group_size(task) == 1:
-        return [timed(task, job) for job in jobs]
+        for job in jobs:
+            yield timed(task, job)
+        return
     started = time.time()
+    each = getattr(task, "run_each", None)
+    if callable(each):
+        for record in each(jobs):
+            yield {**record, "started_at": started, "finished_at": time.time()}
+        return
     records = task.run_many(jobs)  # type: ignore[attr-defined]
     finished = time.time()
-    return [{**r, "started_at": started, "finished_at": finished} for r in records]
+    for record in records:
+        yield {**record, "started_at": started, "finished_at": finished}
 
 
 def grouped(task: Task, jobs: list[Job]) -> list[list[Job]]:

@@ -6,7 +6,7 @@ options (:data:`PAPER_OPTIONS`), per-job seeds and the checks of a task's option
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AdaptrackError
@@ -74,24 +74,41 @@ class ModelTask:
         """Per ``(head, options)``: one greedy and ``n`` sampled ``generate`` calls, all on one
         engine; ``finish(head, greedy, sampled)`` makes the record. A job whose calls raised
         an ``AdaptrackError`` gets ``{**head, "error": ...}``: the run goes on and the report
-        scores it as a miss; any other exception is a bug and propagates."""
-        from ..generate import generate_each
+        scores it as a miss; any other exception is a bug and propagates. The records in
+        the order of ``calls`` (:meth:`greedy_and_sampled_each` yields them as they finish)."""
+        records: list[Record] = [{}] * len(calls)
+        for k, record in self.greedy_and_sampled_each(calls, n, temperature, batch_size,
+                                                      finish):
+            records[k] = record
+        return records
 
-        out = generate_each(self.lm, [c for _, options in calls for c in (
+    def greedy_and_sampled_each(
+        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
+        batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
+    ) -> Iterator[tuple[int, Record]]:
+        """:meth:`greedy_and_sampled`, yielding ``(index in calls, record)`` as each job's
+        two calls are done."""
+        from ..generate import generate_each_as_done
+
+        served = generate_each_as_done(self.lm, [c for _, options in calls for c in (
             dict(PAPER_OPTIONS, **options, temperature=0),
             dict(PAPER_OPTIONS, **options, n=n, temperature=temperature))],
             batch_size=batch_size)
-        records = []
-        for k, (head, _) in enumerate(calls):
-            greedy, sampled = out[2 * k], out[2 * k + 1]
+        half: dict[int, Any] = {}  # a job's call that finished first
+        for i, outcome in served:
+            k = i // 2
+            if k not in half:
+                half[k] = outcome
+                continue
+            greedy, sampled = (half.pop(k), outcome) if i % 2 else (outcome, half.pop(k))
+            head = calls[k][0]
             err = next((o for o in (greedy, sampled) if isinstance(o, BaseException)), None)
             if isinstance(err, AdaptrackError):
-                records.append({**head, "error": f"{type(err).__name__}: {err}"})
+                yield k, {**head, "error": f"{type(err).__name__}: {err}"}
             elif err is not None:
                 raise err
             else:
-                records.append(finish(head, greedy, sampled))
-        return records
+                yield k, finish(head, greedy, sampled)
 
 
 #: What every evaluation task asks of ``generate`` unless it says otherwise: the AdapTrack

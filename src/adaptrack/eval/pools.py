@@ -17,9 +17,10 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
+from typing import Any
 
 from ..errors import WorkerError
-from .jobs import Job, Pool, Record, Task, available_cpus, grouped, timed_group
+from .jobs import Job, Pool, Record, Task, available_cpus, grouped, timed_records
 
 __all__ = ["POOLS", "InProcess", "Processes", "pool"]
 
@@ -31,11 +32,12 @@ class InProcess:
         if jobs:
             task.setup()
         for group in grouped(task, jobs):
-            yield from timed_group(task, group)
+            yield from timed_records(task, group)
 
 
 _WORKER_TASK: Task | None = None
 _WORKER_ERROR: str | None = None
+_WORKER_RECORDS: Any = None  # a SimpleQueue to the parent
 
 
 def _die_with_parent(parent: int) -> None:
@@ -54,8 +56,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _init_worker(task: Task, threads: int, parent: int = 0) -> None:
-    global _WORKER_TASK, _WORKER_ERROR
+def _init_worker(task: Task, threads: int, parent: int = 0, records: Any = None) -> None:
+    global _WORKER_TASK, _WORKER_ERROR, _WORKER_RECORDS
+    _WORKER_RECORDS = records
     if parent:
         _die_with_parent(parent)
     try:
@@ -65,16 +68,21 @@ def _init_worker(task: Task, threads: int, parent: int = 0) -> None:
     _WORKER_TASK = task
 
 
-def _run_in_worker(jobs: list[Job]) -> list[Record]:
+def _run_in_worker(jobs: list[Job]) -> None:
+    """Run a group; each record goes to the parent as its job finishes. ``put`` writes it
+    into the pipe before returning, so when the group's future is done every record of
+    the group is readable."""
     if _WORKER_ERROR is not None:
         raise WorkerError(f"a worker process could not set up: {_WORKER_ERROR}")
-    assert _WORKER_TASK is not None
-    return timed_group(_WORKER_TASK, jobs)
+    assert _WORKER_TASK is not None and _WORKER_RECORDS is not None
+    for record in timed_records(_WORKER_TASK, jobs):
+        _WORKER_RECORDS.put(record)
 
 
 class Processes:
     """Spread jobs over ``workers`` local processes, each loading the model once and
-    using ``cpus // workers`` threads. Jobs are handed out in order (in groups, for a task
+    using ``cpus // workers`` threads. Each record comes back as its job finishes (through
+    a pipe). Jobs are handed out in order (in groups, for a task
     with ``run_many``: :func:`group_size`), a few ahead, so
     neighbouring jobs (the same problem's methods) stay close in time. When a job fails or
     the run is interrupted, the records already finished are yielded first and the workers
@@ -91,10 +99,11 @@ class Processes:
         threads = max(1, available_cpus() // self.workers)
         # spawn, not fork: a forked copy of a process that holds model threads can hang.
         context = multiprocessing.get_context("spawn")
+        records = context.SimpleQueue()
         executor = ProcessPoolExecutor(self.workers, mp_context=context,
                                        initializer=_init_worker,
-                                       initargs=(task, threads, os.getpid()))
-        pending: set[Future[list[Record]]] = set()
+                                       initargs=(task, threads, os.getpid(), records))
+        pending: set[Future[None]] = set()
         queue = iter(grouped(task, jobs))
         clean = False
         try:
@@ -103,11 +112,13 @@ class Processes:
                 if len(pending) >= 2 * self.workers:
                     break
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                while not records.empty():  # records of jobs finished so far
+                    yield records.get()
                 failed: BaseException | None = None
                 for future in done:
                     try:
-                        records = future.result()
+                        future.result()
                     except BrokenExecutor as err:
                         failed = failed or WorkerError(
                             f"a worker process died ({err}); run with --workers 1 to see why")
@@ -115,7 +126,6 @@ class Processes:
                     except BaseException as err:
                         failed = failed or err
                         continue
-                    yield from records
                     nxt = next(queue, None)
                     if nxt is not None and failed is None:
                         pending.add(executor.submit(_run_in_worker, nxt))
@@ -129,6 +139,7 @@ class Processes:
                 for proc in list(getattr(executor, "_processes", {}).values()):
                     proc.terminate()
                 executor.shutdown(wait=False, cancel_futures=True)
+            records.close()
 
 
 POOLS = ("local", "ray")

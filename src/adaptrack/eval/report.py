@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
@@ -70,7 +71,25 @@ def report(path: str | os.PathLike[str], plots: str | os.PathLike[str] | None = 
         print(f"adaptrack report: {kind} results have no plots; --plots is ignored",
               file=sys.stderr)
         plots = None
+    if plots is not None:
+        _check_plots_dir(plots)
     return spec.report(header, records, plots)
+
+
+def _check_plots_dir(plots: str | os.PathLike[str]) -> None:
+    """Make the plots directory, or say in one line why it cannot be one (a file there, a
+    path through a file, no permission), before any plot is drawn."""
+    if Path(plots).exists() and not Path(plots).is_dir():
+        raise AdaptrackError(f"--plots {plots} is a file, not a directory; pass a directory "
+                             "to write the plots into")
+    try:
+        Path(plots).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AdaptrackError(f"--plots {plots}: cannot make that directory "
+                             f"({err.strerror or err}); pass a directory to write the plots "
+                             "into") from None
+    if not os.access(plots, os.W_OK):
+        raise AdaptrackError(f"--plots {plots}: the directory is not writable; pass another")
 
 
 def tfv1_report(header: dict[str, Any], records: list[Record],

@@ -7,13 +7,17 @@ may also run a group of jobs together, ``run_many``, to share batched model call
 :class:`Pool` runs jobs and yields records as they finish (:mod:`~adaptrack.eval.pools`:
 in this process, local worker processes, Ray actors); :func:`run` does not depend on which.
 
-The results file starts with one header line, ``{"header": {...task.config()}}``; each later
-line is one job's record, written and flushed as soon as the job finishes. :func:`run` on an
-existing file checks that the header matches (else :class:`ResultsMismatchError`, which
-says which option differs), skips the jobs already recorded and appends the rest, so an
-interrupted run resumes without losing or redoing work. A line cut short by an interrupt is
-dropped. One run at a time writes a file (an exclusive lock); every record is stamped with
-``started_at`` and ``finished_at`` (epoch seconds) for wall-time reports.
+The results file starts with one header line, ``{"header": {...task.config()}}``; each
+later line is one job's record, written and flushed as soon as the job finishes: a group of
+jobs served by one engine hands over each record when its job's calls are done
+(``run_each``; the API tasks), so ``kill -9`` loses only the jobs in flight. The code tasks
+score a problem's completions after its group's generation, and a Ray actor returns a whole
+group. :func:`run` on an existing file checks that the header matches (else
+:class:`ResultsMismatchError`, which says which option differs), skips the jobs already
+recorded and appends the rest, so an interrupted run resumes without losing or redoing
+work. A line cut short by an interrupt is dropped. One run at a time writes a file (an
+exclusive lock); every record is stamped with ``started_at`` and ``finished_at`` (epoch
+seconds) for wall-time reports.
 
 Resuming and reporting read a file the same way (:func:`parse_results`): a path that is not
 a regular file is refused unread (a device or a FIFO may never end), no line may exceed
@@ -203,8 +207,9 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
     """The header, the records and the byte length of the whole lines of a results file
     open for reading, each line checked: the header is an object with a ``task`` name and
     options of the right types (:data:`HEADERS`), each record an object holding what its
-    task's records hold (:data:`RECORDS`). Blank lines are skipped; a last line without a
-    newline (cut short by an interrupt) is left out of all three. Anything else raises
+    task's records hold (:data:`RECORDS`). A job's later lines (a record written twice,
+    files joined) are left out: the first one counts. Blank lines are skipped; a last line
+    without a newline (cut short by an interrupt) is left out of all three. Anything else raises
     :class:`ResultsMismatchError` naming the line and what is wrong with it.
 
     >>> import io
@@ -219,6 +224,7 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
     fix = "; fix or delete that line"
     header: dict[str, Any] | None = None
     records: list[Record] = []
+    keys: set[str] = set()
     size = number = 0
     while True:
         raw = file.readline(LINE_LIMIT + 1)
@@ -253,7 +259,10 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
             if wrong:
                 raise ResultsMismatchError(f"{path}: header option {wrong}{hint}")
             continue
-        records.append(_record(obj, header["task"], f"{path} line {number}", fix))
+        record = _record(obj, header["task"], f"{path} line {number}", fix)
+        if record["key"] not in keys:  # a line written twice (files joined): counted once
+            keys.add(record["key"])
+            records.append(record)
     if header is None:
         raise ResultsMismatchError(
             f"{path} is not an adaptrack results file (no header line){hint}")

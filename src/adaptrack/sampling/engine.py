@@ -76,6 +76,9 @@ class Request:
     fell_back: BaseException | None = None
     fallen: set[int] = field(default_factory=set)
     share: int | None = None
+    #: Forward passes that held one of this request's prefixes: the passes it waited for,
+    #: whatever else they carried.
+    passes: int = 0
     _whole: bool = False  # the fallback took over the whole request
     _cd: ConstrainedDecoding | None = None  # the fallback's walks of samples past their share
     _redo: list[int] = field(default_factory=list)
@@ -257,6 +260,7 @@ class Engine:
                     self._call([it for it in chunk if it[0] is req])
                 continue
             for req in {id(r): r for r, _, _ in chunk}.values():
+                req.passes += 1
                 if req.done:
                     continue
                 mine = [(n, chain, rows) for (r, n, chain), rows in zip(chunk, found,

@@ -41,7 +41,7 @@ from ..sampling.engine import Engine, Request
 from ..sampling.tree import PrefixTree
 from .events import Choice, Delta, Done, Event, Failed, Final
 from .metrics import Metrics
-from .prefixes import held_back, logprobs_to, path_logprobs, text_so_far
+from .prefixes import held_back, logprobs_to, node_at, text_so_far, top_alternatives
 
 #: The tree cache's default bound in bytes (an estimate of each tree's memory:
 #: :func:`tree_bytes`).
@@ -68,6 +68,10 @@ class JobOptions(Protocol):
     def stop(self) -> tuple[str, ...]: ...
     @property
     def logprobs(self) -> bool: ...
+    @property
+    def top_logprobs(self) -> int: ...
+    @property
+    def tool_calls(self) -> bool: ...
     @property
     def stream(self) -> bool: ...
 
@@ -115,8 +119,9 @@ class Job:
     @property
     def watched(self) -> bool:
         """Whether the prefixes are read after each step to be streamed token by token
-        (methods that never go back)."""
-        return self.opts.method in FORWARD_ONLY and self.opts.stream
+        (methods that never go back; a tool call is sent whole)."""
+        return (self.opts.method in FORWARD_ONLY and self.opts.stream
+                and not self.opts.tool_calls)
 
 
 class EngineLoop:
@@ -299,8 +304,13 @@ class EngineLoop:
         i = next(j for j, s in enumerate(call.samples) if s is sample)
         index = k * job.opts.n + i
         text, reason = sample.text, "stop" if sample.complete else "length"
-        logprobs = (path_logprobs(call.tree, sample.tokens) if job.opts.logprobs else None)
-        self._final(job, Choice(index, text, reason, sample.tokens, logprobs))
+        logprobs = top = None
+        if job.opts.logprobs:
+            node = node_at(call.tree, sample.tokens)
+            logprobs = logprobs_to(node)
+            k = job.opts.top_logprobs
+            top = top_alternatives(call.tree, node, k) if k else None
+        self._final(job, Choice(index, text, reason, sample.tokens, logprobs, top))
 
     def _final(self, job: Job, choice: Choice) -> None:
         job.choices[choice.index] = choice
@@ -310,8 +320,9 @@ class EngineLoop:
             sent, ntok = job._sent.get(choice.index, ("", 0))
             rest = choice.text[len(sent):] if choice.text.startswith(sent) else ""
             lps = None if choice.token_logprobs is None else choice.token_logprobs[ntok:]
+            top = None if choice.top_logprobs is None else choice.top_logprobs[ntok:]
             if rest or lps:
-                self._emit(job, Delta(choice.index, rest, choice.tokens[ntok:], lps))
+                self._emit(job, Delta(choice.index, rest, choice.tokens[ntok:], lps, top))
         self._emit(job, Final(choice))
 
     def _watch(self, job: Job) -> None:
@@ -335,8 +346,10 @@ class EngineLoop:
                     shown = text_so_far(vocab.decode(node.tokens[:upto]))
                 if len(shown) > len(sent) and shown.startswith(sent):
                     lps = logprobs_to(node)[ntok:upto] if job.opts.logprobs else None
+                    k = job.opts.top_logprobs if job.opts.logprobs else 0
+                    top = top_alternatives(req.tree, node, k, upto, ntok) if k else None
                     self._emit(job, Delta(index, shown[len(sent):], node.tokens[ntok:upto],
-                                          lps))
+                                          lps, top))
                     job._sent[index] = (shown, upto)
 
     def _cancel(self, job: Job, reason: BaseException) -> None:

@@ -66,17 +66,17 @@ def show(value: Any, limit: int = 60) -> str:
 
 def error_for(err: BaseException, param: str | None = None) -> APIError:
     """The HTTP answer to an exception the library raised (docs/design.md §6): bad input is
-    400, an empty language or a search past its node budget 422, a search past its time
-    504, anything else 500.
+    400 (an empty language within ``max_tokens`` too: the request as sent has no answer), a
+    search past its node budget 422, a search past its time 504, anything else 500.
 
     >>> error_for(NoValidSequenceError("no valid sequence"), "guided_regex").status
-    422
+    400
     """
     if isinstance(err, APIError):
         return err
     message = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, NoValidSequenceError):
-        return APIError(422, message, param=param, code="no_valid_sequence")
+        return APIError(400, message, param=param, code="no_valid_sequence")
     if isinstance(err, SearchTimeoutError):
         return APIError(504, message, code="timeout")
     if isinstance(err, TreeLimitError):

@@ -18,24 +18,27 @@ from typing import Any
 class Choice:
     """One finished choice: its index, text (cut at a stop string), why it ended
     (``"stop"`` or ``"length"``), the tokens sampled and, when asked, their
-    log-probabilities."""
+    log-probabilities and the top alternatives at each position (``(token, logprob)``
+    pairs, likeliest first)."""
 
     index: int
     text: str
     finish_reason: str
     tokens: tuple[int, ...]
     token_logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass(frozen=True)
 class Delta:
     """A new piece of choice ``index``: its ``text``, the whole ``tokens`` that make it and,
-    when asked, their log-probabilities."""
+    when asked, their log-probabilities and top alternatives."""
 
     index: int
     text: str
     tokens: tuple[int, ...]
     logprobs: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What the engine loop reads off a walk's prefix while it runs: its text so far, how much
 of it may be streamed (stop strings end and cut the text in the constraint:
-:func:`adaptrack.constraints.with_stop`), and the log-probabilities along it.
+:func:`adaptrack.constraints.with_stop`), the log-probabilities along it, and the top
+alternatives at each of its positions.
 
 >>> held_back("say st", ("stop",))
 2
@@ -10,7 +11,13 @@ from __future__ import annotations
 
 import codecs
 
+import numpy as np
+
+from ..sampling.expansion import Expansion
 from ..sampling.tree import Node, PrefixTree
+
+#: One position's top alternatives: ``(token id, log-probability)``, likeliest first.
+Top = list[tuple[int, float]]
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -38,9 +45,48 @@ def logprobs_to(node: Node) -> list[float]:
     return out[::-1]
 
 
-def path_logprobs(tree: PrefixTree, tokens: tuple[int, ...]) -> list[float]:
+def node_at(tree: PrefixTree, tokens: tuple[int, ...]) -> Node:
+    """The node of a sampled path."""
     node = tree.root
     for t in tokens:
         node = node.children[t]
-    return logprobs_to(node)
+    return node
 
+
+def path_logprobs(tree: PrefixTree, tokens: tuple[int, ...]) -> list[float]:
+    return logprobs_to(node_at(tree, tokens))
+
+
+
+def top_alternatives(tree: PrefixTree, node: Node, k: int, upto: int | None = None,
+                     start: int = 0) -> list[Top]:
+    """At each position ``start .. upto`` (default: all) of the path to ``node``, the ``k``
+    likeliest tokens of the expansion there: the tokens valid at that position (every
+    token without a constraint, within top_p) with their log-probabilities under the model
+    at the sampling temperature. An expansion the tree's cache dropped is made again, all
+    of them in one batched model call.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 0], eos=2)
+    >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
+    >>> node = tree.child(tree.root, 1, tree.expand(tree.root))
+    >>> [[(t, round(lp, 3)) for t, lp in top] for top in top_alternatives(tree, node, 2)]
+    [[(0, -0.288), (1, -1.386)]]
+    """
+    path: list[Node] = []
+    while node.parent is not None:
+        path.append(node.parent)
+        node = node.parent
+    path = path[::-1][start:upto]
+    missing = [n for n in path if n.expansion is None]
+    made: dict[int, Expansion] = {}
+    if missing:
+        rows = tree.lm.next_logprobs([tree.prompt + n.tokens for n in missing])
+        made = {id(n): tree.expander.expansion(n, row)
+                for n, row in zip(missing, rows, strict=True)}
+    out = []
+    for n in path:
+        exp = n.expansion if n.expansion is not None else made[id(n)]
+        order = np.argsort(-exp.p, kind="stable")[:k]
+        out.append([(int(exp.ids[i]), float(np.log(exp.p[i]))) for i in order])
+    return out

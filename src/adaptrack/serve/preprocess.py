@@ -25,28 +25,33 @@ from typing import Any
 from ..call import _fit_prompt
 from ..constraints.base import Constraint
 from ..constraints.compose import with_stop
-from ..errors import GrammarError, JSONDepthError, PromptTooLongError
+from ..errors import GrammarError, PromptTooLongError
 from ..generate import PreparedCall, prepare
-from ..limits import loads, prompt_byte_limit, prompt_text, too_many_bytes
+from ..limits import prompt_byte_limit, prompt_text, too_many_bytes
 from ..lm.base import LanguageModel
 from ..options import SEARCH_BUDGET, SamplingOptions
-from .constraint_spec import ConstraintSpec
 from .errors import APIError, bad, error_for
 from .protocol import (
     MAX_N,
     MAX_TOKENS_UNKNOWN_CONTEXT,
-    BaseRequest,
     ChatCompletionRequest,
     CompletionRequest,
 )
+from .specs import constraint_spec
+from .tools import knows_tools, native_messages, plain_messages
 from .validation import validate
+
+__all__ = ["DEFAULT_MAX_TOKENS", "ChatTemplate", "Options", "constraint_spec",
+           "hf_chat_template", "parse", "prepare_calls"]
 
 #: ``max_tokens`` when a request gives none: OpenAI's default for completions; for chat (whose
 #: OpenAI default is "up to the context") a bound that keeps a search's tree small.
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}
 
-#: Renders chat messages ([{"role", "content"}]) to a prompt: its text or its token ids.
-ChatTemplate = Callable[[list[dict[str, str]]], "str | list[int]"]
+#: Renders chat messages ([{"role", "content"}]) to a prompt: its text or its token ids. One
+#: with a true ``hermes_tools`` attribute also takes ``tools=`` and messages with
+#: ``tool_calls`` (:mod:`.tools`).
+ChatTemplate = Callable[..., "str | list[int]"]
 
 
 @dataclass
@@ -59,6 +64,10 @@ class Options:
     sampling: SamplingOptions
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    #: How many top alternatives to give per sampled token (0: none).
+    top_logprobs: int = 0
+    #: Whether the answer's text is read for tool calls (:func:`.tools.split_calls`).
+    tool_calls: bool = False
     stream: bool = False
     include_usage: bool = False
     constraint: Constraint | None = None
@@ -123,12 +132,14 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
     except (ValueError, TypeError) as err:
         raise bad("stop", " ".join(str(err).split())) from None
     key = None if spec is None else spec.key
+    tool_calls = False
     if isinstance(req, ChatCompletionRequest):
         prompts = _messages(lm, req, chat_template)
         max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+        top, tool_calls = req.top_logprobs, req.tool_mode is not None
     else:
         assert isinstance(req, CompletionRequest)
-        prompts, max_tokens = _prompts(lm, req), req.max_tokens
+        prompts, max_tokens, top = _prompts(lm, req), req.max_tokens, req.logprobs or 0
     param = "messages" if kind == "chat" else "prompt"
     if any(not ids for ids in prompts):
         raise bad(param, "is empty (no tokens); give some text")
@@ -148,36 +159,10 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
     except (TypeError, ValueError) as err:  # the request model's bounds make this rare
         raise error_for(err) from None
     return Options(kind, prompts, sampling, req.stop,
-                   req.logprobs is not None and req.logprobs is not False, req.stream,
-                   req.include_usage, constraint, req.constraint_field,
-                   (key, req.stop) if req.stop else key, req.max_seconds)
-
-
-def constraint_spec(req: BaseRequest) -> ConstraintSpec | None:
-    """The constraint a validated request asks for (at most one field), as a spec."""
-    field = req.constraint_field
-    if field is None:
-        return None
-    if req.response_format is not None and field == "response_format":
-        if req.response_format.type == "json_object":
-            return ConstraintSpec.json({"type": "object"})
-        assert req.response_format.json_schema is not None  # the model checked
-        return ConstraintSpec.json(req.response_format.json_schema.schema_)
-    value = getattr(req, field)
-    if field == "guided_json":
-        if isinstance(value, str):
-            try:
-                value = loads(value, "'guided_json'")
-            except JSONDepthError as err:
-                raise error_for(err, field) from None
-            except ValueError as err:
-                raise bad(field, f"not JSON: {err}") from None
-        return ConstraintSpec.json(value)
-    if field == "guided_regex":
-        return ConstraintSpec("regex", value)
-    if field == "guided_grammar":
-        return ConstraintSpec.grammar(value)
-    return ConstraintSpec.strings(field.removeprefix("guided_"), value)
+                   req.logprobs is not None and req.logprobs is not False,
+                   top, tool_calls, req.stream, req.include_usage, constraint,
+                   req.constraint_field, (key, req.stop) if req.stop else key,
+                   req.max_seconds)
 
 
 # -- prompts -------------------------------------------------------------------------------
@@ -222,11 +207,14 @@ def hf_chat_template(lm: LanguageModel) -> ChatTemplate | None:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
 
-    def render(messages: list[dict[str, str]]) -> list[int]:
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+               ) -> list[int]:
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                              add_generation_prompt=True)
         return list(tokenizer.encode(text, add_special_tokens=False))
 
+    # Hermes' tool format (Qwen2.5, Hermes): the template offers tools and writes calls.
+    render.hermes_tools = "<tool_call>" in str(tokenizer.chat_template)  # type: ignore[attr-defined]
     return render
 
 
@@ -236,13 +224,20 @@ def _messages(lm: LanguageModel, req: ChatCompletionRequest,
         raise APIError(400, "this model has no chat template: use /v1/completions with a "
                             "prompt", param="messages", code="no_chat_template")
     most = req.max_tokens or req.max_completion_tokens or 1
-    limit, size = prompt_byte_limit(lm, most), sum(len(m.content) for m in req.messages)
+    limit, size = prompt_byte_limit(lm, most), sum(len(m.content or "") for m in req.messages)
     if limit is not None and size > limit:  # before the template renders it all
         raise error_for(too_many_bytes(lm, "the messages' content", f"at least {size}",
                                        most, option="fewer messages"), "messages")
-    messages = [{"role": m.role, "content": m.content} for m in req.messages]
     try:
-        rendered = template(messages)
+        if knows_tools(template):
+            tools = None if req.tool_mode is None or not req.tools else [
+                t.model_dump(exclude_none=True) for t in req.tools]
+            rendered = template(native_messages(req.messages), tools=tools)
+        else:
+            rendered = template(plain_messages(req.messages, None if req.tool_mode is None
+                                               else req.tools))
+    except APIError:
+        raise
     except Exception as err:  # a template's own check (roles must alternate, …)
         raise bad("messages", f"the chat template refused them: "
                               f"{' '.join(str(err).split())}") from None
@@ -256,7 +251,7 @@ def prepare_calls(lm: LanguageModel, opts: Options, **budgets: Any) -> list[Prep
     ``budgets`` such as ``max_seconds``, which the request's own ``max_seconds`` can only
     lower): the library's own checks, before any model work, as :class:`APIError` naming
     the field (a prompt too long for the context is 400, an empty language found up front
-    422)."""
+    too)."""
     if opts.max_seconds is not None:
         cap = budgets.get("max_seconds")
         budgets["max_seconds"] = opts.max_seconds if cap is None else min(cap, opts.max_seconds)

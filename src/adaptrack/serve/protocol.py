@@ -12,8 +12,10 @@ pydantic's errors into an :class:`~.errors.APIError` naming the field.
 Fields, as OpenAI and vLLM spell them: ``prompt`` (a string, a list of token ids, or a list
 of either for several prompts) or ``messages``, ``n``, ``max_tokens`` (chat also
 ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``logprobs``,
-``stream`` (with ``stream_options.include_usage``); the constraints ``response_format``
-(``text``, ``json_object``, ``json_schema``), ``guided_json``, ``guided_regex``,
+``stream`` (with ``stream_options.include_usage``); chat's ``top_logprobs``, ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` (:mod:`.tool_protocol`); the constraints
+``structured_outputs`` (vLLM's), ``response_format`` (``text``, ``json_object``,
+``json_schema``), ``guided_json`` (with ``guided_whitespace_pattern``), ``guided_regex``,
 ``guided_choice``, ``guided_grammar`` (GBNF when a line defines a rule with ``::=``, else
 Lark) and ``guided_api_names`` (dotted names, :func:`adaptrack.constraints.api_names`); and
 adaptrack's ``decoding_method``, ``share_q``, ``max_backtrack``, ``fast_forward``, ``end``,
@@ -44,6 +46,7 @@ from pydantic_core import PydanticCustomError
 from ..generate import METHODS
 from ..sampling.tree import END_POLICIES
 from .errors import show
+from .tool_protocol import ChatMessage, StructuredOutputs, Tool, ToolChoice, invalid
 
 #: OpenAI's limit on ``n``: more choices than this in one request is a 400.
 MAX_N = 128
@@ -53,14 +56,17 @@ MAX_STOP = 4
 MAX_TOKENS_UNKNOWN_CONTEXT = 32_768
 #: The largest seed (numpy's SeedSequence takes any non-negative int; OpenAI's is int64).
 MAX_SEED = 2**63 - 1
-#: The most ``top_logprobs`` OpenAI takes (adaptrack returns none: any but 0 is refused).
+#: The most top alternatives a request asks per token (chat's ``top_logprobs``, completions'
+#: ``logprobs``), OpenAI's bound on chat.
 MAX_TOP_LOGPROBS = 20
 
-#: The constraint fields, in the order they are looked at; a request gives at most one.
-CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice",
-                     "guided_grammar", "guided_api_names")
+#: The constraint fields, in the order they are looked at; a request gives at most one
+#: (chat's ``tools``, with a ``tool_choice`` other than ``none``, is one too).
+CONSTRAINT_FIELDS = ("structured_outputs", "response_format", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar", "guided_api_names")
 #: OpenAI fields accepted only at the values that change nothing (adaptrack samples the
-#: model as it is: no penalties, biases, echo, suffix, tools or stored completions).
+#: model as it is: no penalties, biases, echo, suffix or stored completions; completions
+#: take no tools, and chat takes ``tools`` rather than the deprecated ``functions``).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {}),
     "echo": (None, False), "suffix": (None, ""), "store": (None, False),
@@ -69,12 +75,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 #: Fields whose ``null`` is refused rather than read as the default.
 NULL_IS_A_VALUE = ("end", "fallback")
-
-
-def invalid(message: str, param: str | None = None) -> PydanticCustomError:
-    """A validation error whose ``message`` is shown as is; ``param``: the field it is
-    about when pydantic cannot tell (a check across fields)."""
-    return PydanticCustomError("adaptrack", message, {"param": param} if param else None)
 
 
 def one_of(allowed: Any) -> AfterValidator:
@@ -94,19 +94,6 @@ def _neutral(value: Any, info: ValidationInfo) -> Any:
     if value not in allowed:
         raise invalid(f"not supported (adaptrack samples the model as it is); leave it out "
                       f"or at {show(allowed[-1])}, got {show(value)}")
-    return value
-
-
-def _text_content(value: Any) -> Any:
-    """A message's content: a string, or a list of text parts joined."""
-    if isinstance(value, list):
-        for part in value:
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise invalid(f"only text content is supported, got {show(part)}")
-        return "".join(part["text"] for part in value)
-    if not isinstance(value, str):
-        raise invalid(f"content must be a string or text parts, got {show(value)}")
     return value
 
 
@@ -168,15 +155,6 @@ class ResponseFormat(_Model):
         return self
 
 
-class ChatMessage(BaseModel):
-    """One message: a role and its text (OpenAI's other keys, ``name`` say, are ignored)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str, BeforeValidator(_text_content)]
-
-
 class BaseRequest(_Model):
     """The fields both endpoints share. The constraint fields are checked here for their
     JSON type; ``preprocess`` compiles the one given."""
@@ -194,12 +172,14 @@ class BaseRequest(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     # constraints
+    structured_outputs: StructuredOutputs | None = None
     response_format: ResponseFormat | None = None
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: Strings | None = Field(None, description="a non-empty list of strings")
     guided_grammar: str | None = None
     guided_api_names: Strings | None = Field(None, description="a non-empty list of strings")
+    guided_whitespace_pattern: str | None = None
     # adaptrack's own
     decoding_method: Annotated[str, one_of(METHODS)] | None = None
     share_q: bool = False
@@ -222,11 +202,8 @@ class BaseRequest(_Model):
     echo: Neutral = None
     suffix: Neutral = None
     store: Neutral = None
-    tools: Neutral = None
-    tool_choice: Neutral = None
     functions: Neutral = None
     function_call: Neutral = None
-    parallel_tool_calls: Neutral = None
     best_of: int | None = None
 
     @field_validator("n")
@@ -249,6 +226,10 @@ class BaseRequest(_Model):
         given = self.constraint_fields
         if len(given) > 1:
             raise invalid(f"give at most one constraint, got {' and '.join(given)}", given[1])
+        if self.guided_whitespace_pattern is not None and (not given or given[0] not in (
+                "response_format", "guided_json")):
+            raise invalid("applies to a JSON constraint (guided_json or response_format) "
+                          "only", "guided_whitespace_pattern")
         if self.method != "adaptrack":
             for option in ("share_q", "max_backtrack"):
                 if getattr(self, option) not in (None, False):
@@ -291,33 +272,37 @@ def _at_most(value: int, bound: str, info: ValidationInfo) -> int:
 
 
 class CompletionRequest(BaseRequest):
-    """A ``/v1/completions`` request."""
+    """A ``/v1/completions`` request. ``logprobs``: 0 for the sampled tokens'
+    log-probabilities, k for them and the k likeliest tokens at each position."""
 
     prompt: Annotated[str | Annotated[list[TokenIds], Field(min_length=1)]
                       | Annotated[list[str], Field(min_length=1)]
                       | Annotated[TokenIds, Field(min_length=1)],
                       Field(description="a string, a list of token ids, or a non-empty list "
                                         "of those")]
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Neutral = None
+    tool_choice: Neutral = None
+    parallel_tool_calls: Neutral = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _sampled_only(cls, value: int | None) -> int | None:
-        if value:
-            raise invalid(f"top alternatives are not returned; use 0 for the sampled "
-                          f"tokens' log-probabilities, got {value}")
-        return value
+    @property
+    def top_logprobs(self) -> int:
+        return self.logprobs or 0
 
 
 class ChatCompletionRequest(BaseRequest):
-    """A ``/v1/chat/completions`` request."""
+    """A ``/v1/chat/completions`` request: ``messages``, and the ``tools`` the model may
+    call (:mod:`.tools`), with ``tool_choice`` and ``parallel_tool_calls``."""
 
     messages: Annotated[list[ChatMessage],
                         Field(min_length=1, description="a non-empty list of {role, "
                                                         "content} objects")]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -329,10 +314,39 @@ class ChatCompletionRequest(BaseRequest):
         a, b = self.max_tokens, self.max_completion_tokens
         if a is not None and b is not None and a != b:
             raise invalid("differs from 'max_tokens'; give one", "max_completion_tokens")
-        if self.top_logprobs:
-            raise invalid("top alternatives are not returned; leave it out or at 0 "
-                          "(logprobs: true gives the sampled tokens')", "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise invalid("needs \"logprobs\": true", "top_logprobs")
         return self
+
+    @model_validator(mode="after")
+    def _tools_agree(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) < len(names):
+            raise invalid(f"function names must differ, got {show(names)}", "tools")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not names:
+            raise invalid(f"{show(choice if isinstance(choice, str) else choice.model_dump())}"
+                          f" needs tools; give tools or leave tool_choice out", "tool_choice")
+        if not isinstance(choice, str | None) and choice.function.name not in names:
+            raise invalid(f"names {show(choice.function.name)}, which is not among the "
+                          f"tools ({', '.join(names)})", "tool_choice")
+        return self
+
+    @property
+    def tool_mode(self) -> str | None:
+        """How the model may call tools: ``"auto"`` (text or calls), ``"required"`` (one
+        call or more), ``"named"`` (the named function's), or None (no tool: none given,
+        or ``tool_choice: "none"``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if self.tool_choice is None:
+            return "auto"
+        return self.tool_choice if isinstance(self.tool_choice, str) else "named"
+
+    @property
+    def constraint_fields(self) -> list[str]:
+        given = super().constraint_fields
+        return [*given, "tools"] if self.tool_mode is not None else given
 
 
 #: The request model of each endpoint kind.

@@ -3,7 +3,8 @@ answer (:class:`CompletionResponse`, :class:`ChatCompletionResponse`), a streame
 (:class:`CompletionChunk`, :class:`ChatCompletionChunk`), the usage and the log-probs; and
 the functions that build them from the engine's :class:`~.events.Choice` (bodies as
 dicts, ready for JSON). Each answer carries an ``adaptrack`` field: the request's model
-calls, backtracks, fallback and times.
+calls, backtracks, fallback and times. A chat answer to a request with tools has its calls
+read from the text (:func:`.tools.split_calls`) into ``tool_calls``.
 
 >>> usage_body(3, 2)
 {'prompt_tokens': 3, 'completion_tokens': 2, 'total_tokens': 5}
@@ -11,12 +12,17 @@ calls, backtracks, fallback and times.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from ..lm.base import LanguageModel
 from .events import Choice
+from .tools import split_calls
+
+#: Per sampled position, the top alternatives: ``(token id, log-probability)`` pairs.
+Tops = list[list[tuple[int, float]]]
 
 
 class _Model(BaseModel):
@@ -31,19 +37,25 @@ class Usage(_Model):
 
 class CompletionLogprobs(_Model):
     """``logprobs`` of ``/v1/completions``: per sampled token its text, log-probability and
-    offset in the text; no top alternatives."""
+    offset in the text, and with ``logprobs: k`` the k top alternatives ({text: logprob})."""
 
     tokens: list[str]
     token_logprobs: list[float]
-    top_logprobs: None = None
+    top_logprobs: list[dict[str, float]] | None = None
     text_offset: list[int]
+
+
+class TopLogprob(_Model):
+    token: str
+    logprob: float
+    bytes: list[int] | None
 
 
 class ChatTokenLogprob(_Model):
     token: str
     logprob: float
     bytes: list[int] | None
-    top_logprobs: list[Any] = []
+    top_logprobs: list[TopLogprob] = []
 
 
 class ChatLogprobs(_Model):
@@ -63,9 +75,21 @@ class CompletionChoice(_Model):
     finish_reason: str | None
 
 
+class FunctionCall(_Model):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Model):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(_Model):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Model):
@@ -75,9 +99,19 @@ class ChatChoice(_Model):
     finish_reason: str
 
 
+class DeltaToolCall(_Model):
+    """A streamed call: its ``index`` among the choice's calls, and here the whole call."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class DeltaMessage(_Model):
     role: Literal["assistant"] | None = None
-    content: str
+    content: str | None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(_Model):
@@ -138,41 +172,83 @@ def token_text(lm: LanguageModel, token: int) -> tuple[str, bytes | None]:
 
 
 def logprobs_of(lm: LanguageModel, kind: str, tokens: tuple[int, ...],
-                logprobs: list[float] | None, offset: int = 0) -> Logprobs | None:
+                logprobs: list[float] | None, offset: int = 0,
+                top: Tops | None = None) -> Logprobs | None:
     """OpenAI's ``logprobs`` object of sampled ``tokens`` for ``kind``'s endpoint (None when
     not asked): per token (EOS included) its text and log-probability under the model at the
-    sampling temperature (T = 1 when greedy); no top alternatives. ``offset``: where the
-    first token's text starts in the choice's text (a streamed piece after the first)."""
+    sampling temperature (T = 1 when greedy), and the ``top`` alternatives when asked (the
+    likeliest tokens valid at that position). ``offset``: where the first token's text
+    starts in the choice's text (a streamed piece after the first)."""
     if logprobs is None:
         return None
     if kind == "chat":
-        return chat_logprobs(lm, tokens, logprobs)
-    return completion_logprobs(lm, tokens, logprobs, offset)
+        return chat_logprobs(lm, tokens, logprobs, top)
+    return completion_logprobs(lm, tokens, logprobs, offset, top)
 
 
-def chat_logprobs(lm: LanguageModel, tokens: tuple[int, ...],
-                  logprobs: list[float]) -> ChatLogprobs:
-    entries = [token_text(lm, t) for t in tokens]
+def _entry(lm: LanguageModel, token: int) -> dict[str, Any]:
+    text, data = token_text(lm, token)
+    return {"token": text, "bytes": None if data is None else list(data)}
+
+
+def chat_logprobs(lm: LanguageModel, tokens: tuple[int, ...], logprobs: list[float],
+                  top: Tops | None = None) -> ChatLogprobs:
+    tops: Tops = top if top is not None else [[] for _ in tokens]
     return ChatLogprobs(content=[
-        ChatTokenLogprob(token=text, logprob=lp, bytes=None if data is None else list(data))
-        for (text, data), lp in zip(entries, logprobs, strict=True)])
+        ChatTokenLogprob(**_entry(lm, t), logprob=lp, top_logprobs=[
+            TopLogprob(**_entry(lm, a), logprob=alp) for a, alp in alts])
+        for t, lp, alts in zip(tokens, logprobs, tops, strict=True)])
 
 
 def completion_logprobs(lm: LanguageModel, tokens: tuple[int, ...], logprobs: list[float],
-                        offset: int = 0) -> CompletionLogprobs:
+                        offset: int = 0, top: Tops | None = None) -> CompletionLogprobs:
     texts = [token_text(lm, t)[0] for t in tokens]
     offsets, at = [], offset
     for text in texts:
         offsets.append(at)
         at += len(text)
-    return CompletionLogprobs(tokens=texts, token_logprobs=logprobs, text_offset=offsets)
+    tops = None if top is None else [_by_text(lm, alts) for alts in top]
+    return CompletionLogprobs(tokens=texts, token_logprobs=logprobs, text_offset=offsets,
+                              top_logprobs=tops)
+
+
+def _by_text(lm: LanguageModel, alternatives: list[tuple[int, float]]) -> dict[str, float]:
+    """OpenAI's shape of a completion's alternatives, ``{text: logprob}``, likeliest first;
+    of two tokens with one text, the likelier's."""
+    out: dict[str, float] = {}
+    for token, lp in alternatives:
+        out.setdefault(token_text(lm, token)[0], lp)
+    return out
 
 
 def logprobs_body(lm: LanguageModel, kind: str, choice: Choice,
                   offset: int = 0) -> dict[str, Any] | None:
     """The ``logprobs`` object of a choice as a dict (None when not asked)."""
-    lps = logprobs_of(lm, kind, choice.tokens, choice.token_logprobs, offset)
+    lps = logprobs_of(lm, kind, choice.tokens, choice.token_logprobs, offset,
+                      choice.top_logprobs)
     return None if lps is None else lps.model_dump()
+
+
+def tool_calls_of(text: str) -> tuple[str | None, list[ToolCall]]:
+    """The content and the calls of an answer's text, each call with a fresh id."""
+    content, calls = split_calls(text)
+    return content, [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}",
+                              function=FunctionCall(name=name, arguments=args))
+                     for name, args in calls]
+
+
+def chat_choice(lm: LanguageModel, c: Choice, tools: bool = False) -> ChatChoice:
+    """A whole chat choice; with ``tools``, its calls read from the text, and
+    ``finish_reason`` ``tool_calls`` when it made some and ended."""
+    lps = None if c.token_logprobs is None else chat_logprobs(lm, c.tokens, c.token_logprobs,
+                                                              c.top_logprobs)
+    if not tools:
+        return ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                          logprobs=lps, finish_reason=c.finish_reason)
+    content, calls = tool_calls_of(c.text)
+    reason = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
+    return ChatChoice(index=c.index, logprobs=lps, finish_reason=reason,
+                      message=AssistantMessage(content=content, tool_calls=calls or None))
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -182,36 +258,41 @@ def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def response_body(lm: LanguageModel, kind: str, rid: str, created: int, model: str,
                   choices: list[Choice], usage: dict[str, int],
-                  stats: dict[str, Any]) -> dict[str, Any]:
-    """The whole answer of a request that does not stream."""
+                  stats: dict[str, Any], tools: bool = False) -> dict[str, Any]:
+    """The whole answer of a request that does not stream (``tools``: read the chat
+    choices' tool calls)."""
     ordered = sorted(choices, key=lambda c: c.index)
     answer: CompletionResponse | ChatCompletionResponse
     if kind == "chat":
         answer = ChatCompletionResponse(
             id=rid, created=created, model=model, usage=Usage(**usage), adaptrack=stats,
-            choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
-                                logprobs=None if c.token_logprobs is None else
-                                chat_logprobs(lm, c.tokens, c.token_logprobs),
-                                finish_reason=c.finish_reason) for c in ordered])
+            choices=[chat_choice(lm, c, tools) for c in ordered])
     else:
         answer = CompletionResponse(
             id=rid, created=created, model=model, usage=Usage(**usage), adaptrack=stats,
             choices=[CompletionChoice(index=c.index, text=c.text,
                                       logprobs=None if c.token_logprobs is None else
-                                      completion_logprobs(lm, c.tokens, c.token_logprobs),
+                                      completion_logprobs(lm, c.tokens, c.token_logprobs,
+                                                          top=c.top_logprobs),
                                       finish_reason=c.finish_reason) for c in ordered])
     return answer.model_dump()
 
 
 def chunk_body(kind: str, include_usage: bool, rid: str, created: int, model: str,
-               index: int, text: str, *, finish_reason: str | None = None,
-               logprobs: Logprobs | None = None, first: bool = False) -> dict[str, Any]:
+               index: int, text: str | None, *, finish_reason: str | None = None,
+               logprobs: Logprobs | None = None, first: bool = False,
+               tool_calls: list[ToolCall] | None = None) -> dict[str, Any]:
     """One server-sent event of a streamed answer, in OpenAI's chunk format: a piece of
-    one choice's text, and its ``finish_reason`` on its last piece; ``usage`` is null
-    until the last event when ``include_usage``, absent otherwise."""
+    one choice's text (chat: or its ``tool_calls``, each whole, with a null ``text``), and
+    its ``finish_reason`` on its last piece; ``usage`` is null until the last event when
+    ``include_usage``, absent otherwise."""
     chunk: CompletionChunk | ChatCompletionChunk
     if kind == "chat":
-        delta = DeltaMessage(role="assistant" if first else None, content=text)
+        calls = None if tool_calls is None else [
+            DeltaToolCall(index=j, id=c.id, function=c.function)
+            for j, c in enumerate(tool_calls)]
+        delta = DeltaMessage(role="assistant" if first else None, content=text,
+                             tool_calls=calls)
         lps = logprobs if isinstance(logprobs, ChatLogprobs) else None
         chunk = ChatCompletionChunk(id=rid, created=created, model=model, choices=[
             ChatStreamChoice(index=index, delta=delta, logprobs=lps,
@@ -219,11 +300,15 @@ def chunk_body(kind: str, include_usage: bool, rid: str, created: int, model: st
     else:
         lp = logprobs if isinstance(logprobs, CompletionLogprobs) else None
         chunk = CompletionChunk(id=rid, created=created, model=model, choices=[
-            CompletionChoice(index=index, text=text, logprobs=lp,
+            CompletionChoice(index=index, text=text or "", logprobs=lp,
                              finish_reason=finish_reason)])
     body = chunk.model_dump(exclude={"adaptrack"} if include_usage else {"usage", "adaptrack"})
-    if kind == "chat" and not first:
-        del body["choices"][0]["delta"]["role"]
+    if kind == "chat":
+        delta_body = body["choices"][0]["delta"]
+        if not first:
+            del delta_body["role"]
+        if tool_calls is None:
+            del delta_body["tool_calls"]
     return body
 
 

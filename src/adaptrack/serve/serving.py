@@ -1,7 +1,7 @@
 """The serving logic of ``adaptrack serve``, apart from its routes (``app``): a
 :class:`Server` parses and prepares a request in a worker thread (:func:`.preprocess.parse`,
-:func:`.preprocess.prepare_calls`), so that every 400 and the 422 of an empty language found
-up front are answered before the engine sees it; then it waits for the engine's events
+:func:`.preprocess.prepare_calls`), so that every 400, an empty language found up front
+included, is answered before the engine sees it; then it waits for the engine's events
 (:mod:`.events`) and makes them an :class:`Answer`: a JSON body, a stream of server-sent
 events, or an error.
 
@@ -42,6 +42,7 @@ from .responses import (
     logprobs_of,
     response_body,
     token_text,
+    tool_calls_of,
     usage_body,
 )
 
@@ -282,7 +283,7 @@ class Server:
         return response_body(self.lm, reply.opts.kind, reply.rid, reply.created,
                              self.model_name, done.choices,
                              usage_body(done.prompt_tokens, done.completion_tokens),
-                             done.stats)
+                             done.stats, tools=reply.opts.tool_calls)
 
     async def _stream(self, event: Event | Gone | Late, reply: _Reply) -> AsyncIterator[str]:
         """The server-sent events of a streamed answer, from its first engine event on."""
@@ -325,7 +326,7 @@ class _Chunks:
         self.begun: set[int] = set()
         self.sent: dict[int, int] = {}  # characters of token text streamed per choice
 
-    def _chunk(self, index: int, text: str, **extra: Any) -> str:
+    def _chunk(self, index: int, text: str | None, **extra: Any) -> str:
         r, s = self.reply, self.server
         first = index not in self.begun
         self.begun.add(index)
@@ -336,18 +337,26 @@ class _Chunks:
         lm, opts = self.server.lm, self.opts
         if isinstance(event, Delta):
             offset = self.sent.get(event.index, 0)
-            lps = logprobs_of(lm, opts.kind, event.tokens, event.logprobs, offset)
+            lps = logprobs_of(lm, opts.kind, event.tokens, event.logprobs, offset, event.top)
             if event.logprobs is not None:  # offsets are only sent with log-probs
                 self.sent[event.index] = offset + sum(len(token_text(lm, t)[0])
                                                       for t in event.tokens)
             return [self._chunk(event.index, event.text, logprobs=lps)]
         if isinstance(event, Final):
             choice, out = event.choice, []
+            reason = choice.finish_reason
             if not self.reply.job.watched:  # sent whole, once final
-                out.append(self._chunk(choice.index, choice.text,
-                                       logprobs=logprobs_of(lm, opts.kind, choice.tokens,
-                                                            choice.token_logprobs)))
-            out.append(self._chunk(choice.index, "", finish_reason=choice.finish_reason))
+                lps = logprobs_of(lm, opts.kind, choice.tokens, choice.token_logprobs,
+                                  top=choice.top_logprobs)
+                if opts.tool_calls:  # the text before the calls, then the calls
+                    content, calls = tool_calls_of(choice.text)
+                    out.append(self._chunk(choice.index, content, logprobs=lps))
+                    if calls:
+                        out.append(self._chunk(choice.index, None, tool_calls=calls))
+                        reason = "tool_calls" if reason == "stop" else reason
+                else:
+                    out.append(self._chunk(choice.index, choice.text, logprobs=lps))
+            out.append(self._chunk(choice.index, "", finish_reason=reason))
             return out
         if isinstance(event, Done):
             r, out = self.reply, []

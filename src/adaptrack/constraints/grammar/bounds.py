@@ -156,3 +156,78 @@ def regex_min_tokens(pattern: str, ll: _LLVocab) -> int:
     if longest == 0:
         return _UNREACHABLE
     return min(_UNREACHABLE, math.ceil(width / longest) + 1)
+
+
+#: Schema keywords under which :func:`json_min_bytes` claims nothing (0 bytes): they may
+#: admit values its walk does not see.
+_JSON_OPAQUE = frozenset({
+    "anyOf", "oneOf", "allOf", "not", "$ref", "$dynamicRef", "if", "then", "else", "enum",
+    "const", "prefixItems", "dependentSchemas", "dependencies"})
+
+
+def _count(value: object) -> int:
+    """A schema's count keyword (``minLength``, ``minItems``) as a non-negative int; 0 for
+    anything else (llguidance refuses what it cannot read before this runs)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0
+    return max(0, min(int(value), _UNREACHABLE))
+
+
+def json_min_bytes(schema: Any, depth: int = 0, sep: int = 1) -> int:
+    """A lower bound on the bytes of any JSON text ``schema`` accepts, whitespace left out:
+    a string holds its quotes and ``minLength`` characters (one byte at least each), an
+    array its brackets and ``minItems`` items with their commas, an object its braces and
+    required members (``"key":`` and a value); 0 wherever the schema is not one of these
+    plain forms. Separators count one byte each (``sep``), none where the root's
+    ``x-guidance`` writes its own. Unlike the token bound of :mod:`.jsonbound`, it never
+    writes the bytes out, so ``minLength: 1e9`` costs nothing.
+
+    >>> json_min_bytes({"type": "string", "minLength": 1_000_000_000})
+    1000000002
+    >>> json_min_bytes({"type": "object", "properties": {"a": {"type": "array",
+    ...     "minItems": 2, "items": {"type": "string"}}}, "required": ["a"]})  # {"a":["",""]}
+    13
+    """
+    if not isinstance(schema, dict) or depth > 32 or _JSON_OPAQUE & schema.keys():
+        return 0
+    options = schema.get("x-guidance")
+    if depth == 0 and isinstance(options, dict) and options.keys() - {
+            "whitespace_flexible", "whitespace_pattern"}:
+        sep = 0
+    kind = schema.get("type")
+    if kind == "string":
+        return min(_UNREACHABLE, 2 + _count(schema.get("minLength")))
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return 4
+    if kind == "array":
+        items = _count(schema.get("minItems"))
+        each = json_min_bytes(schema.get("items"), depth + 1, sep) if items else 0
+        return min(_UNREACHABLE, 2 + items * max(each, 1) + sep * max(items - 1, 0))
+    if kind == "object":
+        props, required = schema.get("properties"), schema.get("required")
+        if not isinstance(required, list):
+            return 2
+        props = props if isinstance(props, dict) else {}
+        keys = [k for k in dict.fromkeys(required) if isinstance(k, str)]
+        members = sum(len(k.encode()) + 2 + sep
+                      + max(json_min_bytes(props.get(k), depth + 1, sep), 1) for k in keys)
+        return min(_UNREACHABLE, 2 + members + sep * max(len(keys) - 1, 0))
+    return 0
+
+
+def json_min_tokens(schema: Any, ll: _LLVocab) -> int:
+    """A lower bound on the tokens (EOS included) of any complete sequence of ``schema``:
+    :func:`json_min_bytes` over the longest token, plus EOS; 1 where nothing is known.
+
+    >>> from adaptrack.tokenization.vocab import Vocabulary
+    >>> from .tokenizer import ll_vocab
+    >>> json_min_tokens({"type": "string", "minLength": 9}, ll_vocab(Vocabulary(
+    ...     [b'"', b"abc", b"<e>"], eos_ids=[2])))   # 11 bytes over tokens of <= 3: 4 + EOS
+    5
+    """
+    width = json_min_bytes(schema)
+    if width <= 0 or ll.longest == 0:
+        return 1
+    return min(_UNREACHABLE, math.ceil(width / ll.longest) + 1)

@@ -31,7 +31,7 @@ from llguidance import LLMatcher, LLTokenizer
 from ...cache import LRU
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
-from .bounds import regex_min_tokens
+from .bounds import json_min_tokens, regex_min_tokens
 from .jsonbound import JsonBound, bounded
 from .tokenizer import ll_vocab
 
@@ -182,10 +182,17 @@ class CompiledGrammar:
 
     def min_new_tokens(self) -> int:
         """A lower bound on the tokens (EOS included) of any complete sequence: for a
-        regex, :func:`~.bounds.regex_min_tokens`; other grammars: 1."""
+        regex, :func:`~.bounds.regex_min_tokens`; for a JSON schema the larger of
+        :func:`~.bounds.json_min_tokens` and the token bound's need at the root
+        (:class:`~.jsonbound.JsonBound`); other grammars: 1."""
         if self._min_tokens is None:
-            pattern = self.grammar.pattern
-            self._min_tokens = 1 if pattern is None else regex_min_tokens(pattern, self.ll)
+            pattern, schema = self.grammar.pattern, self.grammar.schema
+            found = 1 if pattern is None else regex_min_tokens(pattern, self.ll)
+            if schema is not None:
+                bound = self.json_bound()
+                found = max(found, json_min_tokens(schema, self.ll),
+                            bound.need(()) if bound is not None else 1)
+            self._min_tokens = found
         return self._min_tokens
 
 
