@@ -94,6 +94,13 @@ FIELDS = {
                               st.one_of(st.sampled_from(["asap", "exact", "x"]), SCALARS)),
     "metadata": mostly(JSON, st.integers(50, 200_000).map(deep)),
     "max_seconds": mostly(st.floats(1, 5), st.one_of(st.floats(-1, 5), SCALARS)),
+    "structured_outputs": mostly(st.sampled_from([{"choice": ["a", "b"]}, {"regex": "a+"},
+                                                   {"json": {"type": "integer"}}]),
+                                 st.one_of(JSON, st.integers(50, 3000).map(
+                                     lambda d: {"json": "[" * d + "]" * d}))),
+    "tools": mostly(st.just([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {
+            "x": {"type": "integer"}}}}}]), JSON),
     "bogus": JSON,
 }
 

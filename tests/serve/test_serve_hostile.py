@@ -143,3 +143,10 @@ def test_a_lone_surrogate_in_the_prompt_is_400(toy):
     status, _, data = raw(url, "POST", "/v1/completions", '{"prompt": "a\\ud800b"}')
     err = error(data)
     assert status == 400 and err["param"] == "prompt" and "lone surrogate" in err["message"]
+
+
+def test_an_error_that_echoes_a_lone_surrogate_is_still_json(toy):
+    url, _ = toy
+    status, _, data = raw(url, "POST", "/v1/completions", '["a\\ud800"]')
+    err = error(data)
+    assert status == 400 and err["code"] == "invalid_json" and "a\ud800" in err["message"]

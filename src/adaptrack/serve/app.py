@@ -19,12 +19,12 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..lm.base import LanguageModel
 from .errors import APIError
-from .guards import HostGuard, check_json_body
+from .guards import HostGuard, JSONAnswer, check_json_body
 from .serving import Answer, ClientGone, Server
 
 __all__ = ["MAX_BODY_BYTES", "ClientGone", "Server", "create_app"]
@@ -42,7 +42,7 @@ def _respond(answer: Answer) -> Response:
                                  headers=answer.headers)
     if answer.body is None:
         return Response(status_code=answer.status, headers=answer.headers)
-    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+    return JSONAnswer(answer.body, status_code=answer.status, headers=answer.headers)
 
 
 def _generate(server: Server, kind: str) -> Handler:
@@ -74,7 +74,7 @@ def _routes(server: Server) -> list[Route]:
         except APIError as err:
             return _respond(server.error(err, "/v1/models", started))
         server.metrics.request("/v1/models", 200, time.perf_counter() - started)
-        return JSONResponse(server.models())
+        return JSONAnswer(server.models())
 
     async def health(request: Request) -> Response:
         return _respond(server.health())
@@ -118,11 +118,11 @@ async def _not_found(request: Request, exc: Exception) -> Response:
         allowed = headers.get("Allow", "")
         err = APIError(405, f"method not allowed: {request.method} {request.url.path} takes "
                             f"{allowed or 'another method'}", code="method_not_allowed")
-        return JSONResponse(err.body(), status_code=405, headers=headers)
+        return JSONAnswer(err.body(), status_code=405, headers=headers)
     err = APIError(status, f"no such endpoint: {request.method} {request.url.path} (the API "
                            "is under /v1: models, completions, chat/completions)",
                    code="not_found")
-    return JSONResponse(err.body(), status_code=status)
+    return JSONAnswer(err.body(), status_code=status)
 
 
 def create_app(lm: LanguageModel, *, allowed_hosts: Sequence[str] | None = None,

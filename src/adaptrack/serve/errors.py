@@ -54,6 +54,21 @@ def bad(param: str, reason: str) -> APIError:
     return APIError(400, f"invalid '{param}': {reason}", param=param)
 
 
+def json_text(value: Any, allow_nan: bool = False) -> str:
+    """``value`` as JSON text that encodes to UTF-8: non-ASCII as is, unless a lone
+    surrogate (echoed from a request's JSON, which may hold one) forces escapes.
+
+    >>> json_text({"a": "é"}), json_text({"a": chr(0xD800)})
+    ('{"a": "é"}', '{"a": "\\\\ud800"}')
+    """
+    text = json.dumps(value, ensure_ascii=False, allow_nan=allow_nan)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, allow_nan=allow_nan)
+    return text
+
+
 def show(value: Any, limit: int = 60) -> str:
     """A request value as JSON, cut to ``limit`` characters, for an error message.
 

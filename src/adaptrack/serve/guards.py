@@ -28,9 +28,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import APIError, show
+from .errors import APIError, json_text, show
 
-__all__ = ["LOOPBACK_NAMES", "HostGuard", "check_json_body"]
+__all__ = ["LOOPBACK_NAMES", "HostGuard", "JSONAnswer", "check_json_body"]
 
 #: Host names served without being named: loopback's. Any IP address is served too (a
 #: rebinding page sends its own name, never an address).
@@ -53,6 +53,14 @@ def _is_address(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class JSONAnswer(JSONResponse):
+    """Starlette's JSON response, whose text encodes even when it echoes a lone surrogate
+    (:func:`~.errors.json_text`); Starlette's own would fail with a bare 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(content).encode("utf-8")
 
 
 class HostGuard:
@@ -92,7 +100,7 @@ class HostGuard:
                                     "answers its IP addresses and localhost; start it with "
                                     "--allowed-hosts NAME to serve a name (a guard against "
                                     "DNS rebinding)", param="Host", code="invalid_host")
-                await JSONResponse(err.body(), status_code=400)(scope, receive, send)
+                await JSONAnswer(err.body(), status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +30,7 @@ from ..errors import SearchTimeoutError
 from ..generate import MAX_SECONDS, SEARCHES, PreparedCall, prepare
 from ..lm.base import LanguageModel
 from .engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES, Busy, Closing, EngineLoop, Job
-from .errors import APIError, error_for
+from .errors import APIError, error_for, json_text
 from .events import Delta, Done, Event, Failed, Final
 from .metrics import Metrics
 from .preprocess import ChatTemplate, Options, hf_chat_template, parse, prepare_calls
@@ -369,5 +368,5 @@ class _Chunks:
 
 
 def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {json_text(data, allow_nan=True)}\n\n"
 
