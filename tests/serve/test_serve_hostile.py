@@ -129,13 +129,22 @@ def test_more_prompts_than_n_allows_are_refused_before_validation(toy):
     assert status == 400 and err["param"] == "prompt" and "more than 128" in err["message"]
 
 
-@pytest.mark.parametrize("field", ["guided_regex", "guided_grammar"])
-def test_a_regex_or_grammar_past_its_size_is_refused_before_compiling(toy, field):
-    url, _ = toy
+@pytest.mark.parametrize("field,value,words", [
+    ("guided_regex", "a" * 5_000_000, "256 KiB"),
+    ("guided_grammar", "a" * 5_000_000, "256 KiB"),
+    ("guided_choice", ["ab" * 1_500_000], "3000000 characters"),
+    ("guided_api_names", ["a"] * 2_000_000, "2000000 characters"),
+    ("structured_outputs", {"regex": "a" * 5_000_000}, "256 KiB"),
+    ("structured_outputs", {"choice": ["a" * 3_000_000]}, "3000000 characters"),
+])
+def test_a_constraint_past_its_size_is_refused_before_compiling(toy, field, value, words):
+    url, lm = toy
+    calls = lm.calls
     status, _, data = raw(url, "POST", "/v1/completions",
-                          json.dumps({"prompt": "x", field: "a" * 5_000_000}))
+                          json.dumps({"prompt": "x", field: value}))
     err = error(data)
-    assert status == 400 and err["param"] == field and "256 KiB" in err["message"]
+    assert status == 400 and err["param"].startswith(field) and words in err["message"], err
+    assert lm.calls == calls
 
 
 def test_a_lone_surrogate_in_the_prompt_is_400(toy):

@@ -20,6 +20,7 @@ from pydantic_core import ErrorDetails
 
 from ..errors import JSONDepthError
 from ..limits import loads
+from .bounds import check_sizes
 from .errors import APIError, bad, show
 from .protocol import REQUESTS, BaseRequest
 
@@ -29,9 +30,6 @@ EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "tr
             "model_attributes_type": "an object", "list_type": "a list",
             "tuple_type": "a list", "finite_number": "a finite number",
             "too_short": "not empty", "string_too_short": "a non-empty string"}
-#: The longest regex or grammar a request may give (a real one is a few KiB; compiling and
-#: bounding one costs about 5 µs a character, docs/security.md).
-MAX_SOURCE_CHARS = 256 << 10
 #: pydantic's error types of a value out of bounds.
 RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
@@ -50,39 +48,13 @@ def validate(body: bytes | str, kind: str, *, max_n: int,
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, got {show(data)}",
                        code="invalid_json")
-    _bounded(data, max_n, max_tokens)
+    check_sizes(data, max_n, max_tokens)
     model = REQUESTS[kind]
     context = {"max_n": max_n, "max_tokens": max_tokens}
     try:
         return model.model_validate(data, context=context)
     except ValidationError as err:
         raise api_error(err, data, kind, context) from None
-
-
-def _bounded(data: dict[str, Any], max_n: int, context: int | None) -> None:
-    """A 400 for a prompt of more token ids, or more messages, than ``context`` tokens, for
-    more prompts than ``max_n``, and for a regex or grammar past :data:`MAX_SOURCE_CHARS`:
-    found from the lengths before the items are validated or compiled (millions of ids
-    would cost gigabytes; docs/security.md)."""
-    prompt, messages = data.get("prompt"), data.get("messages")
-    if isinstance(prompt, list) and context is not None:
-        if prompt and all(isinstance(p, list | str) for p in prompt[:1]) and len(prompt) > max_n:
-            raise bad("prompt", f"{len(prompt)} prompts are more than {max_n}")
-        for ids in ([prompt] if prompt[:1] and not isinstance(prompt[0], list | str)
-                    else [p for p in prompt if isinstance(p, list)]):
-            if len(ids) > context:
-                raise APIError(400, f"the prompt has {len(ids)} token ids, more than the "
-                                    f"model's context of {context} tokens", param="prompt",
-                               code="context_length_exceeded")
-    for name in ("guided_regex", "guided_grammar"):
-        source = data.get(name)
-        if isinstance(source, str) and len(source) > MAX_SOURCE_CHARS:
-            raise bad(name, f"is {len(source)} characters, more than the "
-                            f"{MAX_SOURCE_CHARS >> 10} KiB a regex or grammar may have")
-    if isinstance(messages, list) and context is not None and len(messages) > context:
-        raise APIError(400, f"{len(messages)} messages are more than the model's context of "
-                            f"{context} tokens holds", param="messages",
-                       code="context_length_exceeded")
 
 
 def api_error(err: ValidationError, data: dict[str, Any], kind: str,
