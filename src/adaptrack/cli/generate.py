@@ -85,6 +85,14 @@ class _Printed(UsageError):
     """An error after some samples, which are already printed (with the error)."""
 
 
+class _Failed(UsageError):
+    """The library's error before any sample, as a usage error that keeps its kind."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def _run(args: argparse.Namespace) -> int:
     options = sampling_options(args)
     source = None if args.prompt is not None else open_prompt(args.prompt_file)
@@ -109,9 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         message = one_line(err) + _options_hint(err)
         partial = getattr(err, "partial", None)
         if not (isinstance(partial, GenerationResult) and partial.samples):
-            failed = UsageError(message)
-            failed.kind = type(err).__name__  # type: ignore[attr-defined]
-            raise failed from None
+            raise _Failed(message, type(err).__name__) from None
         close()
         error = f"{type(err).__name__}: {message}"
         print_result(partial, model, options.method, args.json, sys.stdout, error=error)
