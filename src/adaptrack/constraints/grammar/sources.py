@@ -200,6 +200,9 @@ def gbnf(grammar: str) -> Grammar:
     _source("gbnf", grammar)
     try:
         converted = any_to_lark(grammar)
+    except RecursionError:
+        raise GrammarError("invalid GBNF grammar: nested too deeply for llguidance's "
+                           "converter (its parentheses or rules); flatten it") from None
     except Exception as err:  # the converter raises its own error type (and others)
         raise GrammarError(f"invalid GBNF grammar: {err}") from None
     _check("GBNF grammar", LLMatcher.grammar_from_lark(converted))
