@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .call import PreparedCall, _bind, _fit_prompt, _prompt_ids, _require_room
+from .call import PreparedCall, _bind, _fit_prompt, _prompt_ids, _require_room, check_lm
 from .constraints.base import Constraint
 from .errors import AdaptrackError, NoValidSequenceError
 from .lm.base import LanguageModel
@@ -50,6 +50,7 @@ def _many(prompt: Any) -> bool:
 
 
 def _engine(lm: LanguageModel, batch_size: int, max_batch_tokens: int | None) -> Engine:
+    check_lm(lm)
     check_int("batch_size", batch_size, 1)
     if max_batch_tokens is not None:
         check_int("max_batch_tokens", max_batch_tokens, 1)
@@ -420,7 +421,7 @@ def exact_distribution(
         allow_truncated=allow_truncated, end=end), "exact_distribution")
     if o.greedy:
         raise ValueError("exact_distribution needs temperature > 0, got 0")
-    ids = _fit_prompt(lm, _prompt_ids(lm, prompt), o.max_new_tokens, False)
+    ids = _fit_prompt(lm, _prompt_ids(lm, prompt, o.max_new_tokens), o.max_new_tokens, False)
     matcher = _bind(constraint, lm)
     if not o.allow_truncated:
         _require_room(matcher, o.max_new_tokens)

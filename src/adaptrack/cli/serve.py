@@ -51,6 +51,27 @@ def port(text: str) -> int:
     return value
 
 
+def host_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of host names, as :class:`~adaptrack.serve.guards.HostGuard`
+    reads them.
+
+    >>> host_names("api.example.com, *.lan")
+    ('api.example.com', '*.lan')
+    >>> host_names("a.*")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: 'a.*': a wildcard is '*' or '*.example.com'
+    """
+    found = tuple(dict.fromkeys(n.strip().lower() for n in utf8_text(text).split(",")
+                                if n.strip()))
+    if not found:
+        raise argparse.ArgumentTypeError("is empty: give one or more host names")
+    for name in found:
+        if "*" in name[1:] or (name.startswith("*") and name != "*"
+                               and not name.startswith("*.")):
+            raise argparse.ArgumentTypeError(f"{name!r}: a wildcard is '*' or '*.example.com'")
+    return found
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="SPEC",
                         help="a .gguf path, a Hugging Face model id or a local model directory "
@@ -75,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", metavar="KEY", type=utf8_text,
                         help=f"require 'Authorization: Bearer KEY' on /v1/ requests (default: "
                              f"${API_KEY_ENV} if set, else no key)")
+    parser.add_argument("--allowed-hosts", metavar="NAMES", type=host_names, default=(),
+                        help="host names the server answers to besides its IP addresses and "
+                             "localhost, comma-separated ('*.example.com' for subdomains, "
+                             "'*' for any); other Host headers get 400, a guard against DNS "
+                             "rebinding (default: none)")
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model's id in /v1/models and requests (default: --model, "
                              "or the default model's name)")
@@ -142,6 +168,18 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _api_key(given: str | None) -> str | None:
+    """The key from ``--api-key``, else from the environment; an empty one is refused (it
+    would serve without a key while the user meant one)."""
+    where = "--api-key"
+    if given is None:
+        given, where = os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}"
+    if given is not None and not given.strip():
+        raise UsageError(f"{where} is empty: give a key, or leave it unset to serve without "
+                         "one")
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -150,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise UsageError(f"adaptrack serve needs the serve extra: pip install "
                          f"'adaptrack[serve]' ({err})") from None
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = _api_key(args.api_key)
     if args.replicas > 1:
         return run_replicas(args, api_key)
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails fast
@@ -161,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(lm, model_name=name, api_key=api_key,
                          max_concurrent=args.max_concurrent, max_queue=args.max_queue,
                          timeout=args.timeout, search_seconds=args.search_seconds,
-                         batch_size=args.batch_size,
+                         batch_size=args.batch_size, allowed_hosts=args.allowed_hosts,
                          tree_cache_bytes=args.tree_cache_bytes)
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host

@@ -60,6 +60,13 @@ def load_model(
     ... # doctest: +SKIP
     [' a + b\\n\\n\\ndef sub(a,']
     """
+    if spec is not None and not isinstance(spec, str | os.PathLike):
+        raise TypeError(f"spec must be a model id, a directory or a .gguf path (a str or a "
+                        f"path), or None for the default model; got {spec!r:.60} "
+                        f"({type(spec).__name__})")
+    if spec is not None and not str(spec).strip():
+        raise ValueError("spec is empty: give a model id, a directory or a .gguf path, or "
+                         "None for the default model")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if device not in DEVICES:

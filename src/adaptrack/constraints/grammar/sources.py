@@ -17,7 +17,8 @@ from llguidance import LLMatcher, regex_to_lark
 from llguidance.gbnf_to_lark import any_to_lark
 
 from ...cache import LRU
-from ...errors import GrammarError
+from ...errors import GrammarError, JSONDepthError
+from ...limits import check_json_depth, loads
 from ...tokenization.vocab import Vocabulary
 from ..base import Constraint, show, utf8
 from .matcher import GrammarMatcher
@@ -143,9 +144,13 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
     if isinstance(schema, str):
         utf8(schema, "json_schema")
         try:
-            schema = json.loads(schema)
+            schema = loads(schema, "the JSON schema")
+        except JSONDepthError:
+            raise
         except ValueError as err:
             raise GrammarError(f"invalid JSON schema: not JSON: {err}") from None
+    else:
+        check_json_depth(schema, "the JSON schema")
     if not isinstance(schema, dict | bool):
         raise GrammarError(
             f"invalid JSON schema: expected an object, got {type(schema).__name__}")
@@ -195,6 +200,9 @@ def gbnf(grammar: str) -> Grammar:
     _source("gbnf", grammar)
     try:
         converted = any_to_lark(grammar)
+    except RecursionError:
+        raise GrammarError("invalid GBNF grammar: nested too deeply for llguidance's "
+                           "converter (its parentheses or rules); flatten it") from None
     except Exception as err:  # the converter raises its own error type (and others)
         raise GrammarError(f"invalid GBNF grammar: {err}") from None
     _check("GBNF grammar", LLMatcher.grammar_from_lark(converted))
