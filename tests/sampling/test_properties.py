@@ -384,9 +384,11 @@ def test_every_method_keeps_its_contract(problem: Problem, max_new_tokens: int,
             assert isinstance(again, NoValidSequenceError), "same seed, different outcome"
             assert method != "unconstrained", "unconstrained raised NoValidSequenceError"
             assert dist is None, f"{method} raised although {len(dist)} sequences are valid"
-            if method == "cd":
-                assert not problem.can_continue((), max_new_tokens), (
-                    "cd raised although a valid first token exists")
+            if method == "cd":  # up front, as every method, or with no valid first token
+                proved = problem.constraint.bind(problem.lm.vocab).min_new_tokens()
+                assert proved > max_new_tokens or not problem.can_continue(
+                    (), max_new_tokens), "cd raised although a valid first token exists"
+                assert proved <= max_new_tokens or calls == 0, "refused after a model call"
             continue
         assert not isinstance(again, NoValidSequenceError), "same seed, different outcome"
         if method in ("asap", "adaptrack", "exact"):
