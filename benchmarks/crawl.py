@@ -1,7 +1,7 @@
 """AdapTrack's crawl at the length limit: forward passes, model rows and CPU time until the
 search has opened a fixed number of prefixes (a budget that does not depend on the
 machine's load), on one request of benchmarks/everyday.py, for each ``crawl_ahead``
-(docs/benchmarks.md, crawl at the length limit; docs/design.md §3).
+(docs/benchmarks/crawl.md; docs/design.md §3).
 
 The search stops at its OPENED+1-th opened prefix (``QTable.open``); the table gives the
 passes (``forward_calls``), the rows the model evaluated, CPU seconds and a hash of the

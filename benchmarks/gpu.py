@@ -16,7 +16,7 @@ valid text can take (each token costs a factor of about 1/152 k), and ``adaptrac
 therefore run under a time budget (``cd``'s, at most n walks of ``max_new_tokens`` calls,
 under none) and report model calls per second and prefixes per
 forward pass (what the GPU path decides) besides the samples that finished; how many calls
-a real model's dead ends take is measured on real models (docs/benchmarks.md).
+a real model's dead ends take is measured on real models (docs/benchmarks/backends.md).
 
 Sections, all in one run:
 

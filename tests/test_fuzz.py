@@ -492,7 +492,24 @@ REGRESSIONS: dict[str, Callable[[], Any]] = {
         bool, bool, timeout="1"),  # type: ignore[arg-type]
     "predicate_timeout_inf": lambda: _generate(
         constraint=constraints.predicate(bool, bool, timeout=INF), method="cd")(),
+    # issue 47: hostile input
+    "lm_none": lambda: adaptrack.generate(None, "The capital of France is"),  # type: ignore
+    "lm_a_model_id": lambda: adaptrack.generate(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "The capital of France is"),  # type: ignore
+    "load_model_int": lambda: adaptrack.load_model(123),  # type: ignore[arg-type]
+    "prompt_surrogate": _generate(prompt="a" + SURROGATE),
+    "json_schema_deep": lambda: constraints.json_schema("[" * 5000 + "]" * 5000),
+    "json_schema_deep_object": lambda: constraints.json_schema(_deep_schema(5000)),
+    "gbnf_deep": lambda: constraints.gbnf("root ::= " + "(" * 5000 + '"a"' + ")" * 5000),
+    "from_module_missing": lambda: constraints.from_module("no_such_module_fuzz"),
 }
+
+
+def _deep_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
 
 
 

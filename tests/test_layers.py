@@ -29,7 +29,7 @@ RANKS = {
     "options": 4, "results": 4,
     "sampling": 3, "testing": 3,
     "constraints": 2, "lm": 2,
-    "tokenization": 1,
+    "tokenization": 1, "limits": 1,
     "cache": 0, "errors": 0,
     "metrics": 10,  # an alias of eval/metrics.py, kept for code written against it
 }

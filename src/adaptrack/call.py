@@ -27,6 +27,7 @@ from .constraints.anything import Anything
 from .constraints.base import Constraint, Matcher
 from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
+from .limits import prompt_text
 from .lm.base import LanguageModel
 from .options import FALLBACK_TRIES, METHODS, PARALLEL_WALKS, SEARCHES, SamplingOptions
 from .results import FreeTextWarning, GenerationResult, Sample
@@ -38,9 +39,24 @@ from .sampling.engine import Engine, Request
 from .sampling.tree import Node, PrefixTree
 
 
-def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int]) -> list[int]:
+def check_lm(lm: object) -> None:
+    """A ``TypeError`` naming the argument when ``lm`` is not a loaded model (a model id
+    given where the model goes, or None)."""
+    if isinstance(lm, LanguageModel):
+        return
+    hint = (f"; load it first: lm = adaptrack.load_model({lm!r:.60})"
+            if isinstance(lm, str) else " (adaptrack.load_model(...) or a TableLM)")
+    raise TypeError(f"lm must be an adaptrack.LanguageModel, got {lm!r:.60} "
+                    f"({type(lm).__name__}){hint}")
+
+
+def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int], max_new_tokens: int = 0,
+                truncate: bool = False) -> list[int]:
+    """The prompt's token ids; a text longer than the context can hold is refused (or cut,
+    with ``truncate``) from its size in bytes before it is tokenized."""
+    check_lm(lm)
     if isinstance(prompt, str):
-        return lm.encode(prompt)
+        return lm.encode(prompt_text(lm, prompt, max_new_tokens, truncate))
     if isinstance(prompt, bytes | bytearray):
         raise TypeError("prompt must be a str or a sequence of token ids, got bytes")
     try:
@@ -180,8 +196,9 @@ class PreparedCall:
         self.started = time.perf_counter() if started is None else started
         self.lm, self.n, self.seed, self.parallel = lm, o.n, o.seed, o.parallel
         self.on_sample = on_sample
-        self.ids = _fit_prompt(lm, _prompt_ids(lm, prompt), o.max_new_tokens,
-                               o.truncate_prompt)
+        self.ids = _fit_prompt(lm, _prompt_ids(lm, prompt, o.max_new_tokens,
+                                               o.truncate_prompt),
+                               o.max_new_tokens, o.truncate_prompt)
         self.matcher = matcher = _bind(constraint, lm)
         self.unconstrained = o.method == "unconstrained"
         free = constraint is None or isinstance(constraint, Anything)

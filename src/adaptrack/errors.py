@@ -67,7 +67,18 @@ class TokenizerError(AdaptrackError, ValueError):
 
 
 class PromptTooLongError(AdaptrackError, ValueError):
-    """The prompt plus ``max_new_tokens`` does not fit in the model's context window."""
+    """The prompt plus ``max_new_tokens`` does not fit in the model's context window (found
+    from its tokens, or from its size in bytes before it is read whole or tokenized)."""
+
+
+class JSONDepthError(AdaptrackError, ValueError):
+    """A JSON value (a schema, a request body, a results line) nests its arrays and objects
+    deeper than ``adaptrack.limits.MAX_JSON_DEPTH`` levels."""
+
+
+class ModuleImportError(AdaptrackError, ImportError):
+    """A module named by the user (``constraints.from_module``, ``--api-module``) cannot be
+    imported: not installed, or its import raised."""
 
 
 class ModelOutputError(AdaptrackError, ValueError):
@@ -98,3 +109,8 @@ class SandboxUnavailableError(AdaptrackError):
     refuses its namespaces) and the caller did not allow that explicitly
     (``allow_unsandboxed=True``, ``--unsafe-run-code``); the message says what is missing
     and how to install it."""
+
+
+class ReplicaError(AdaptrackError):
+    """The replicas of ``adaptrack serve --replicas`` cannot run: Ray Serve is missing (the
+    message names the extra to install) or a replica failed to start (its error)."""

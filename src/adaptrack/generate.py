@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .call import PreparedCall, _bind, _fit_prompt, _prompt_ids, _require_room
+from .call import PreparedCall, _bind, _fit_prompt, _prompt_ids, _require_room, check_lm
 from .constraints.base import Constraint
 from .errors import AdaptrackError, NoValidSequenceError
 from .lm.base import LanguageModel
@@ -50,6 +50,7 @@ def _many(prompt: Any) -> bool:
 
 
 def _engine(lm: LanguageModel, batch_size: int, max_batch_tokens: int | None) -> Engine:
+    check_lm(lm)
     check_int("batch_size", batch_size, 1)
     if max_batch_tokens is not None:
         check_int("max_batch_tokens", max_batch_tokens, 1)
@@ -89,7 +90,7 @@ def generate(
     """Draw ``n`` samples of a continuation of ``prompt`` that satisfies ``constraint``.
 
     ``method`` is one of ``unconstrained``, ``cd``, ``asap``, ``adaptrack``, ``exact`` (see
-    the README for what each guarantees). The ``n`` samples share one prefix tree, so the
+    docs/methods.md for what each guarantees). The ``n`` samples share one prefix tree, so the
     model evaluates each prefix once. ``share_q``, ``max_backtrack`` and
     ``min_backtrack_prob`` are AdapTrack's options. ``on_sample`` is called with each sample
     as it finishes (a progress hook).
@@ -113,7 +114,7 @@ def generate(
     time, ``None`` for the method's default: parallel for ``exact`` (in rounds that keep it
     exact, of at most that many attempts; docs/design.md §3), one at a time for ``asap``
     and ``adaptrack`` with ``share_q`` (in parallel they are further from the target;
-    README). A seed gives the same samples whatever
+    docs/methods.md). A seed gives the same samples whatever
     ``batch_size``, ``max_batch_tokens``, ``max_cache_bytes`` and the other prompts of the
     call, for every method (exactly with an exact model such as ``TableLM``; a float
     backend's batch composition changes rounding by about 1e-6, which can flip a draw that
@@ -420,7 +421,7 @@ def exact_distribution(
         allow_truncated=allow_truncated, end=end), "exact_distribution")
     if o.greedy:
         raise ValueError("exact_distribution needs temperature > 0, got 0")
-    ids = _fit_prompt(lm, _prompt_ids(lm, prompt), o.max_new_tokens, False)
+    ids = _fit_prompt(lm, _prompt_ids(lm, prompt, o.max_new_tokens), o.max_new_tokens, False)
     matcher = _bind(constraint, lm)
     if not o.allow_truncated:
         _require_room(matcher, o.max_new_tokens)

@@ -62,15 +62,15 @@ FALLBACK_TRIES = 4
 PARALLEL_WALKS = 32
 
 #: The default time budget of one ``generate`` call, in seconds: far past the runs in
-#: docs/benchmarks.md (a TFv1 prompt with n = 20 takes seconds on a CPU), short enough that a
+#: docs/benchmarks/ (a TFv1 prompt with n = 20 takes seconds on a CPU), short enough that a
 #: search that cannot succeed stops within minutes with ``SearchTimeoutError``.
 MAX_SECONDS = 600.0
 
 #: The default model-call budget of a search (asap, adaptrack, exact), as a multiple of the
 #: calls CD makes at most, n x max_new_tokens (counting at least SEARCH_TOKENS tokens a
 #: sample): past it the CD fallback draws the samples still missing, so a request costs a
-#: bounded multiple of CD's worst case (docs/design.md §6; measured in docs/benchmarks.md,
-#: "a budget of model calls").
+#: bounded multiple of CD's worst case (docs/design.md §6; measured in
+#: docs/benchmarks/budgets.md).
 SEARCH_BUDGET = 3.0
 #: A short request's budget counts this many tokens a sample (the default max_new_tokens):
 #: calls that few are cheap, and an exact sample of a regex or a small JSON object needs tens

@@ -645,7 +645,19 @@ def test_error_after_some_samples_prints_them(capsys, loads, monkeypatch, as_jso
 
 def test_error_without_partial_samples(capsys, loads, monkeypatch):
     _failing_generate(monkeypatch, None)
-    assert_usage_error(*run(capsys, "generate", "--prompt", "a", "--json"), "max_seconds=1")
+    assert_usage_error(*run(capsys, "generate", "--prompt", "a"), "max_seconds=1")
+    # with --json, stdout still holds the one JSON object it promised: no samples, the error
+    code, out, err = run(capsys, "generate", "--prompt", "a", "--json")
+    assert code == 2 and err.count("\n") == 1 and "max_seconds=1" in err
+    doc = json.loads(out)
+    assert doc["samples"] == [] and doc["error"].startswith("SearchTimeoutError: ")
+
+
+def test_json_error_before_the_model_loads(capsys, loads, tmp_path):
+    code, out, err = run(capsys, "generate", "--prompt-file", str(tmp_path / "none.txt"),
+                         "--json")
+    assert code == 2 and "cannot read prompt file" in err
+    assert json.loads(out)["error"].startswith("UsageError: cannot read prompt file")
 
 
 def test_model_demo_on_a_byte_model(capsys, monkeypatch):
@@ -686,7 +698,9 @@ def test_truncate_prompt_end_to_end(capsys, monkeypatch):
     monkeypatch.setattr(cli_generate, "load_model", lambda *a, **k: lm)
     argv = ["generate", "--prompt", "abababab", "--max-new-tokens", "2", "--seed", "0",
             "--json", "--method", "unconstrained"]
-    assert_usage_error(*run(capsys, *argv), "--truncate-prompt")
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and "--truncate-prompt" in err
+    assert json.loads(out)["error"].startswith("PromptTooLongError: ")
     code, out, err = run(capsys, *argv, "--truncate-prompt")
     assert code == 0, err
     assert len(json.loads(out)["samples"]) == 1

@@ -25,7 +25,7 @@ import adaptrack as at
 from adaptrack.constraints.api import API_TERMINATORS, ApiNames, api_names, from_module
 from adaptrack.constraints.base import DONE
 from adaptrack.constraints.choice import Choice
-from adaptrack.errors import AdaptrackError
+from adaptrack.errors import AdaptrackError, ModuleImportError
 from adaptrack.eval import tfapi, wheels
 from adaptrack.tokenization.vocab import Vocabulary
 
@@ -394,7 +394,7 @@ def test_from_module_stops_at_the_time_limit_and_keeps_what_it_found(fake_packag
 
 
 def test_from_module_raises_for_a_missing_root_module():
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(ModuleImportError, match="no module named 'no_such_module_anywhere_1234'"):
         from_module("no_such_module_anywhere_1234")
     with pytest.raises(TypeError):
         from_module(3)  # type: ignore[arg-type]

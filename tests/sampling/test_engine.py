@@ -266,7 +266,7 @@ def test_arguments_are_checked() -> None:
 
 @pytest.mark.parametrize("problem", sorted(PROBLEMS))
 def test_shared_q_methods_in_parallel_stay_closer_than_cd(problem: str) -> None:
-    """ASAp and AdapTrack with ``share_q`` in parallel are not exact (README: their early
+    """ASAp and AdapTrack with ``share_q`` in parallel are not exact (docs/methods.md: their early
     samples see a Q that other walks in flight have not refined yet); they stay far closer
     to the target than CD, and every sample is valid."""
     lm, constraint, max_new = PROBLEMS[problem]()

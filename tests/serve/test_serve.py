@@ -787,7 +787,7 @@ def test_a_client_that_disconnects_has_its_walks_cancelled():
             sock = socket.create_connection(("127.0.0.1", port))
             body = json.dumps({"prompt": "bye", "max_tokens": 250, "stream": stream,
                                "guided_regex": "[a-z]{240}", "decoding_method": "cd"})
-            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                          f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                          f"{body}".encode())
             before = gate.lm.calls

@@ -1,5 +1,5 @@
 """``adaptrack bench``: benchmarks whose last stdout line is one JSON object (see
-docs/benchmarks.md); ``bench ff`` runs :func:`adaptrack.eval.ffbench.bench_ff`."""
+docs/benchmarks/); ``bench ff`` runs :func:`adaptrack.eval.ffbench.bench_ff`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from .common import Parser, UsageError, non_negative_int, number, positive_int
 
-HELP = "benchmarks (see docs/benchmarks.md)"
+HELP = "benchmarks (see docs/benchmarks/)"
 DESCRIPTION = "Benchmarks; the last stdout line is one JSON object."
 
 

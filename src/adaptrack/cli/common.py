@@ -25,6 +25,7 @@ from dataclasses import fields
 from typing import Any, NoReturn
 
 from .. import constraints
+from ..errors import ModuleImportError
 from ..options import ADAPTRACK_ONLY, Flag, SamplingOptions
 from ..serve.constraint_spec import ConstraintSpec
 
@@ -186,16 +187,26 @@ def names(allowed: Iterable[str]) -> Callable[[str], tuple[str, ...]]:
 # -- input ---------------------------------------------------------------------------------
 
 
+#: The largest file of choices, names, schema or grammar read (``/dev/zero`` is endless).
+MAX_TEXT_FILE_BYTES = 64 << 20
+
+
 def read_text(path: str, what: str, option: str) -> str:
     """The UTF-8 text of ``path`` (``-``: stdin), verbatim; a ``UsageError`` naming
-    ``option`` when it cannot be read or is not UTF-8."""
+    ``option`` when it cannot be read, is larger than :data:`MAX_TEXT_FILE_BYTES` or is not
+    UTF-8."""
+    cap = MAX_TEXT_FILE_BYTES
     try:
         if path == "-":
             raw = getattr(sys.stdin, "buffer", None)
-            text = raw.read().decode("utf-8") if raw is not None else sys.stdin.read()
+            text = (raw.read(cap + 1).decode("utf-8") if raw is not None
+                    else sys.stdin.read(cap + 1))
         else:
             with open(path, encoding="utf-8", newline="") as f:
-                text = f.read()
+                text = f.read(cap + 1)
+        if len(text) > cap:
+            raise UsageError(f"{option} {path}: larger than {cap >> 20} MiB; a {what} "
+                             "is far smaller")
     except OSError as err:
         raise UsageError(f"cannot read {what} {path!r}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
@@ -400,6 +411,9 @@ def _from_module(module: str) -> constraints.Constraint:
         # An imported module may print; stdout is for the result alone.
         with stdout_to_stderr():
             found = constraints.from_module(module)
+    except ModuleImportError as err:
+        raise UsageError(f"--api-module: {one_line(err).removeprefix('from_module: ')}"
+                         ) from None
     except (ImportError, ValueError) as err:
         raise UsageError(f"--api-module: cannot import module {module!r}: {err}") from None
     for where, error in found.errors:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from ..errors import AdaptrackError, PromptTooLongError, SearchTimeoutError
 from ..generate import GenerationResult, Sample, SearchFallbackWarning, generate
+from ..limits import prompt_byte_limit
 from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
 from .common import (
     UsageError,
@@ -27,10 +28,10 @@ from .common import (
     constraint_from_args,
     number,
     one_line,
-    read_text,
     sampling_options,
     utf8_text,
 )
+from .prompt import open_prompt, read_prompt
 
 HELP = "sample continuations of a prompt under a constraint"
 DESCRIPTION = ("Sample continuations of a prompt, optionally constrained: choices, API names, "
@@ -64,11 +65,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Generate; with ``--json`` an error before any sample is printed as one JSON object
+    too (``samples`` empty), so that stdout always holds the JSON it promised."""
+    try:
+        return _run(args)
+    except _Printed:
+        raise
+    except (UsageError, AdaptrackError, ValueError) as err:
+        if args.json:
+            print(json.dumps({"samples": [], "stats": {}, "model": args.model or "default",
+                              "method": args.method,
+                              "error": f"{getattr(err, 'kind', type(err).__name__)}: "
+                                       f"{one_line(err)}"},
+                             ensure_ascii=False))
+        raise
+
+
+class _Printed(UsageError):
+    """An error after some samples, which are already printed (with the error)."""
+
+
+class _Failed(UsageError):
+    """The library's error before any sample, as a usage error that keeps its kind."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _run(args: argparse.Namespace) -> int:
     options = sampling_options(args)
-    prompt = (args.prompt if args.prompt is not None
-              else read_text(args.prompt_file, "prompt file", "--prompt-file"))
-    constraint = constraint_from_args(args)
-    lm = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    source = None if args.prompt is not None else open_prompt(args.prompt_file)
+    try:
+        constraint = constraint_from_args(args)
+        lm = load_model(args.model, backend=args.backend, device=args.device,
+                        dtype=args.dtype)
+    except BaseException:
+        if source is not None and args.prompt_file != "-":
+            source.close()
+        raise
+    prompt = args.prompt if source is None else read_prompt(
+        source, args.prompt_file, prompt_byte_limit(lm, options.max_new_tokens),
+        options.truncate_prompt)
     model = str(getattr(lm, "name", None) or args.model or "default")
     on_sample, close = _progress(options.n)
     try:
@@ -79,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
         message = one_line(err) + _options_hint(err)
         partial = getattr(err, "partial", None)
         if not (isinstance(partial, GenerationResult) and partial.samples):
-            raise UsageError(message) from None
+            raise _Failed(message, type(err).__name__) from None
         close()
         error = f"{type(err).__name__}: {message}"
         print_result(partial, model, options.method, args.json, sys.stdout, error=error)
-        raise UsageError(f"{message} ({len(partial.samples)} of {options.n} samples "
-                         "finished, printed on stdout)") from None
+        raise _Printed(f"{message} ({len(partial.samples)} of {options.n} samples "
+                       "finished, printed on stdout)") from None
     finally:
         close()
     print_result(res, model, options.method, args.json, sys.stdout)

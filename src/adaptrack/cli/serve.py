@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from ..generate import MAX_SECONDS
@@ -49,6 +51,27 @@ def port(text: str) -> int:
     return value
 
 
+def host_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of host names, as :class:`~adaptrack.serve.guards.HostGuard`
+    reads them.
+
+    >>> host_names("api.example.com, *.lan")
+    ('api.example.com', '*.lan')
+    >>> host_names("a.*")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: 'a.*': a wildcard is '*' or '*.example.com'
+    """
+    found = tuple(dict.fromkeys(n.strip().lower() for n in utf8_text(text).split(",")
+                                if n.strip()))
+    if not found:
+        raise argparse.ArgumentTypeError("is empty: give one or more host names")
+    for name in found:
+        if "*" in name[1:] or (name.startswith("*") and name != "*"
+                               and not name.startswith("*.")):
+            raise argparse.ArgumentTypeError(f"{name!r}: a wildcard is '*' or '*.example.com'")
+    return found
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="SPEC",
                         help="a .gguf path, a Hugging Face model id or a local model directory "
@@ -73,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", metavar="KEY", type=utf8_text,
                         help=f"require 'Authorization: Bearer KEY' on /v1/ requests (default: "
                              f"${API_KEY_ENV} if set, else no key)")
+    parser.add_argument("--allowed-hosts", metavar="NAMES", type=host_names, default=(),
+                        help="host names the server answers to besides its IP addresses and "
+                             "localhost, comma-separated ('*.example.com' for subdomains, "
+                             "'*' for any); other Host headers get 400, a guard against DNS "
+                             "rebinding (default: none)")
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model's id in /v1/models and requests (default: --model, "
                              "or the default model's name)")
@@ -97,6 +125,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bytes of prefix trees kept for requests that repeat a prompt "
                              "and its options; 0 keeps none (default: "
                              f"{TREE_CACHE_BYTES >> 20} MiB)")
+    parser.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                        help="serve N replicas of the model on Ray Serve behind this one "
+                             "endpoint, a request routed to the replica that served its "
+                             "prompt's prefix (default: 1, this process alone; needs the "
+                             "replicas extra)")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's log level (default: info: one line per request)")
@@ -135,6 +168,18 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _api_key(given: str | None) -> str | None:
+    """The key from ``--api-key``, else from the environment; an empty one is refused (it
+    would serve without a key while the user meant one)."""
+    where = "--api-key"
+    if given is None:
+        given, where = os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}"
+    if given is not None and not given.strip():
+        raise UsageError(f"{where} is empty: give a key, or leave it unset to serve without "
+                         "one")
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -143,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise UsageError(f"adaptrack serve needs the serve extra: pip install "
                          f"'adaptrack[serve]' ({err})") from None
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = _api_key(args.api_key)
+    if args.replicas > 1:
+        return run_replicas(args, api_key)
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails fast
     try:
         lm = load_model(args.model, backend=args.backend, device=args.device,
@@ -152,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(lm, model_name=name, api_key=api_key,
                          max_concurrent=args.max_concurrent, max_queue=args.max_queue,
                          timeout=args.timeout, search_seconds=args.search_seconds,
-                         batch_size=args.batch_size,
+                         batch_size=args.batch_size, allowed_hosts=args.allowed_hosts,
                          tree_cache_bytes=args.tree_cache_bytes)
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host
@@ -161,16 +208,20 @@ def run(args: argparse.Namespace) -> int:
                    if model is not None else "")
         print(f"adaptrack: serving {name!r}{weights} at http://{where}:{port}/v1 (SIGTERM or "
               "Ctrl-C stops after the requests in flight)", file=sys.stderr, flush=True)
-        if not _loopback(args.host) and api_key is None:
-            print(f"adaptrack: warning: listening on {args.host} without an API key: anyone "
-                  f"who can reach it can use the model (--api-key or ${API_KEY_ENV})",
-                  file=sys.stderr, flush=True)
+        _warn_open(args.host, api_key)
         config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                 timeout_graceful_shutdown=None)
         _serve(uvicorn.Server(config), sock)
     finally:
         sock.close()
     return 0
+
+
+def _warn_open(host: str, api_key: str | None) -> None:
+    if not _loopback(host) and api_key is None:
+        print(f"adaptrack: warning: listening on {host} without an API key: anyone "
+              f"who can reach it can use the model (--api-key or ${API_KEY_ENV})",
+              file=sys.stderr, flush=True)
 
 
 def _serve(server: Any, sock: socket.socket) -> None:
@@ -184,3 +235,50 @@ def _serve(server: Any, sock: socket.socket) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_replicas(args: argparse.Namespace, api_key: str | None) -> int:
+    """Serve ``args.replicas`` replicas (Ray Serve must be installed: else a one-line
+    error naming the extra)."""
+    try:
+        import uvicorn
+
+        from ..serve.front import create_front
+        from ..serve.replicas import launch, ray_serve
+    except ImportError as err:
+        raise UsageError(f"adaptrack serve needs the serve extra: pip install "
+                         f"'adaptrack[serve]' ({err})") from None
+    ray_serve()  # Ray Serve missing: the error says which extra, before any other work
+    sock = listen(args.host, args.port)
+    try:
+        n = args.replicas
+        # Each replica's model gets an equal share of this machine's cores by default.
+        threads = args.threads or max(1, (os.cpu_count() or 1) // n)
+        load = functools.partial(load_model, args.model, backend=args.backend,
+                                 device=args.device, threads=threads, dtype=args.dtype)
+        name = args.served_model_name or args.model or GGUF_NAME.split(".")[0]
+        options = dict(model_name=name, api_key=api_key, max_concurrent=args.max_concurrent,
+                       max_queue=args.max_queue, timeout=args.timeout,
+                       search_seconds=args.search_seconds, batch_size=args.batch_size,
+                       tree_cache_bytes=args.tree_cache_bytes)
+        print(f"adaptrack: starting {n} replicas of {name!r} on Ray Serve", file=sys.stderr,
+              flush=True)
+        begun = time.perf_counter()
+        replicas = launch(load, n, options, gpus=args.device != "cpu")
+        try:
+            host, port = sock.getsockname()[:2]
+            where = f"[{host}]" if ":" in host else host
+            print(f"adaptrack: serving {name!r} on {n} replicas (started in "
+                  f"{time.perf_counter() - begun:.1f} s) at http://{where}:{port}/v1 "
+                  "(SIGTERM or Ctrl-C stops after the requests in flight)", file=sys.stderr,
+                  flush=True)
+            _warn_open(args.host, api_key)
+            config = uvicorn.Config(create_front(replicas),
+                                    log_level=args.log_level, lifespan="off",
+                                    timeout_graceful_shutdown=None)
+            _serve(uvicorn.Server(config), sock)
+        finally:
+            replicas.close()
+    finally:
+        sock.close()
+    return 0

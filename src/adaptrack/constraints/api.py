@@ -24,7 +24,9 @@ import types
 import warnings
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
+from ..errors import ModuleImportError
 from .base import show, terminator_bytes, utf8
 from .choice import Choice
 
@@ -157,6 +159,22 @@ def _public(name: object) -> bool:
     return isinstance(name, str) and name.isidentifier() and not name.startswith("_")
 
 
+def _import_root(module: str) -> Any:
+    """``importlib.import_module(module)``, its failure as a one-line
+    :class:`~adaptrack.errors.ModuleImportError` naming the module."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module + ".").startswith(err.name + "."):
+            raise ModuleImportError(f"from_module: no module named {err.name!r} is installed "
+                                    f"(check the name of {module!r}, or pip install its "
+                                    "package)") from None
+        raise ModuleImportError(f"from_module: importing {module!r} failed: {err}") from err
+    except Exception as err:  # the module's own code raised while importing
+        raise ModuleImportError(f"from_module: importing {module!r} raised "
+                                f"{type(err).__name__}: {err}") from err
+
+
 def from_module(
     module: str | types.ModuleType,
     *,
@@ -186,8 +204,9 @@ def from_module(
     attribute access raises is left out and reported in ``.errors``, and when
     ``time_limit`` seconds have passed the listing stops with what it has and says so in
     ``.errors`` (an import that is under way is not interrupted). A root module that cannot
-    be imported raises its ImportError; a relative or empty name (``"."``, ``".json"``,
-    ``"json."``) is a ValueError, since there is no package to resolve it against.
+    be imported raises :class:`~adaptrack.errors.ModuleImportError` (an ImportError); a
+    relative or empty name (``"."``, ``".json"``, ``"json."``) is a ValueError, since there
+    is no package to resolve it against.
     ``time_limit`` may be ``math.inf`` (no limit).
 
     >>> c = from_module("json")
@@ -207,7 +226,7 @@ def from_module(
     errors: list[tuple[str, str]] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        root = importlib.import_module(module) if isinstance(module, str) else module
+        root = _import_root(module) if isinstance(module, str) else module
         if not isinstance(root, types.ModuleType):
             # sys.modules may hold any object under a name (a lazy-module shim, say).
             raise TypeError(f"from_module takes a module or a module name, got {show(module)}, "

@@ -28,7 +28,6 @@ Jobs are ``<problem id>/<method>`` (and ``<problem id>/target``); the dataset se
 from __future__ import annotations
 
 import inspect
-import json
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
+from ..limits import loads
 from . import checks
 from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields
 from .codetask import file_digest
@@ -86,10 +86,10 @@ def _read(path: str) -> tuple[bytes, tuple[DslProblem, ...]]:
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
+            r = loads(line, f"{path} line {number}")
             out.append(DslProblem(str(r["id"]), file.stem, str(r["prompt"]),
                                   str(r["grammar"]), str(r.get("start_symbol", "root"))))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError) as err:  # JSONDepthError included
             raise DslDataError(f"{path} line {number} is not a DSL problem record (id, "
                                f"prompt, grammar): {type(err).__name__}: {err}") from None
     return data, tuple(out)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GrammarError
+from ..limits import loads
 
 
 class LLGuidanceFailed(RuntimeError):
@@ -79,7 +80,7 @@ def with_forcing(lark_text: str) -> str:
 
 def _maybe_json(value: Any) -> Any:
     """A field that some MaskBench exports store as a JSON string."""
-    return json.loads(value) if isinstance(value, str) else value
+    return loads(value, "a MaskBench field") if isinstance(value, str) else value
 
 
 def read_maskbench(path: str | os.PathLike[str]) -> Iterator[tuple[Any, list[Any]]]:
@@ -96,10 +97,10 @@ def read_maskbench(path: str | os.PathLike[str]) -> Iterator[tuple[Any, list[Any
             if not line.strip():
                 continue
             try:
-                case = json.loads(line)
+                case = loads(line, f"line {n}")
                 schema = case["schema"]
                 if isinstance(schema, str):
-                    schema = json.loads(schema)
+                    schema = loads(schema, f"the schema of line {n}")
                 tests = _maybe_json(case.get("tests", []))
             except (ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{os.fspath(path)}:{n}: not a MaskBench case: {err}") from None

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptrackError
+from ..limits import loads
 from .checks import INT
 from .codespec import CODE_HEADER, CODE_OPTIONS, code_record, code_report, code_scores
 from .codetask import CodeProblem, CodeTask, file_digest
@@ -59,8 +60,8 @@ def _rows(data: bytes, path: str) -> list[dict[str, Any]]:
     try:
         text = data.decode("utf-8")
         stripped = text.lstrip()
-        raw = (json.loads(text) if stripped.startswith("[")
-               else [json.loads(line) for line in text.splitlines() if line.strip()])
+        raw = (loads(text, path) if stripped.startswith("[")
+               else [loads(line, path) for line in text.splitlines() if line.strip()])
         rows = [{"task_id": int(r["task_id"]),
                  "text": r["text"] if "text" in r else r["prompt"],
                  "code": r["code"].replace("\r\n", "\n"),

@@ -39,8 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from ..errors import AdaptrackError, ResultsMismatchError
+from ..errors import AdaptrackError, JSONDepthError, ResultsMismatchError
 from ..errors import WorkerError as WorkerError
+from ..limits import loads
 from .checks import INT as INT
 from .checks import NUMBER as NUMBER
 from .checks import POSITIVE as POSITIVE
@@ -240,7 +241,9 @@ def parse_results(file: IO[bytes] | gzip.GzipFile, path: str | os.PathLike[str],
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = loads(raw, f"{path} line {number}")
+        except JSONDepthError as err:
+            raise ResultsMismatchError(f"{err}{fix}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             if header is None:
                 break

@@ -42,8 +42,9 @@ def load_model(
     ``dtype`` (transformers; a value other than ``auto`` sends a ``.gguf`` to transformers
     under ``backend="auto"``): the weights' precision, ``auto`` (float16 on CUDA, float32 on
     a CPU), ``float32``, ``float16`` or ``bfloat16``. bfloat16 halves the weights a pass
-    streams (about 1.9x faster passes on a CPU with AVX-512 BF16, docs/benchmarks.md; it may
-    be slower on one without), keeping about 3 significant digits: its log-probs differ from
+    streams (about 1.9x faster passes on a CPU with AVX-512 BF16,
+    docs/benchmarks/backends.md; it may be slower on one without), keeping about 3
+    significant digits: its log-probs differ from
     float32's (median KL 1e-3 per token) and, unlike float32's, also with the path that
     built a prefix's cached state (token by token, batched, a fed chain: up to 0.9 nats on
     the default model). float16 on a CPU is 2-4x slower than float32. Other
@@ -59,6 +60,13 @@ def load_model(
     ... # doctest: +SKIP
     [' a + b\\n\\n\\ndef sub(a,']
     """
+    if spec is not None and not isinstance(spec, str | os.PathLike):
+        raise TypeError(f"spec must be a model id, a directory or a .gguf path (a str or a "
+                        f"path), or None for the default model; got {spec!r:.60} "
+                        f"({type(spec).__name__})")
+    if spec is not None and not str(spec).strip():
+        raise ValueError("spec is empty: give a model id, a directory or a .gguf path, or "
+                         "None for the default model")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if device not in DEVICES:

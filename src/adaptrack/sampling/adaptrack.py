@@ -72,7 +72,7 @@ class AdapTrack(Method):
     #: the prefix and siblings fetched ahead (:meth:`_siblings_ahead`); 1 fetches none.
     #: On a CPU a row adds ~8 ms to a ~60 ms pass of the default model and nearly every
     #: sibling read from the races is used: 8, 16 and 32 cost about the same CPU, 16 the
-    #: fewest passes for the rows (docs/benchmarks.md, the crawl's races).
+    #: fewest passes for the rows (docs/benchmarks/crawl.md, the races).
     crawl_ahead = 16
 
     def __init__(

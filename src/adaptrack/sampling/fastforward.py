@@ -171,7 +171,7 @@ def forced_tokens(tokenizer: Tokenizer, matcher: Matcher, state: State,
     ``data``, and the tokens are the canonical tokenization's (given ``recent_tokens``) of
     every valid continuation, as far as the recipe's test can tell: it looks only for tokens
     that span the end. BPE merges inside one pre-token can still change when the pre-token
-    grows (``":`` ``[]`` but ``":[`` ``],"``); docs/benchmarks.md counts how often.
+    grows (``":`` ``[]`` but ``":[`` ``],"``); docs/benchmarks/fastforward.md counts how often.
 
     A :class:`~adaptrack.errors.TokenizerError` says the tokenizer cannot encode the forced
     bytes; every other error is the matcher's, passed on as it is.

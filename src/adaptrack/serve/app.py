@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..lm.base import LanguageModel
 from .errors import APIError
+from .guards import HostGuard, JSONAnswer, check_json_body
 from .serving import Answer, ClientGone, Server
 
 __all__ = ["MAX_BODY_BYTES", "ClientGone", "Server", "create_app"]
@@ -40,7 +42,7 @@ def _respond(answer: Answer) -> Response:
                                  headers=answer.headers)
     if answer.body is None:
         return Response(status_code=answer.status, headers=answer.headers)
-    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+    return JSONAnswer(answer.body, status_code=answer.status, headers=answer.headers)
 
 
 def _generate(server: Server, kind: str) -> Handler:
@@ -52,6 +54,7 @@ def _generate(server: Server, kind: str) -> Handler:
         endpoint = request.url.path
         try:
             server.authorize(request.headers.get("authorization", ""))
+            check_json_body(request.headers.get("content-type"))
             body = await _body(request)
         except APIError as err:
             return _respond(server.error(err, endpoint, started))
@@ -71,7 +74,7 @@ def _routes(server: Server) -> list[Route]:
         except APIError as err:
             return _respond(server.error(err, "/v1/models", started))
         server.metrics.request("/v1/models", 200, time.perf_counter() - started)
-        return JSONResponse(server.models())
+        return JSONAnswer(server.models())
 
     async def health(request: Request) -> Response:
         return _respond(server.health())
@@ -110,16 +113,26 @@ async def _disconnected(request: Request) -> None:
 
 async def _not_found(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
-    what = "no such endpoint" if status == 404 else "method not allowed"
-    err = APIError(status, f"{what}: {request.method} {request.url.path} (the API is under "
-                           "/v1: models, completions, chat/completions)", code="not_found")
-    return JSONResponse(err.body(), status_code=status)
+    if status == 405:  # Starlette's exception carries the Allow header
+        headers = dict(getattr(exc, "headers", None) or {})
+        allowed = headers.get("Allow", "")
+        err = APIError(405, f"method not allowed: {request.method} {request.url.path} takes "
+                            f"{allowed or 'another method'}", code="method_not_allowed")
+        return JSONAnswer(err.body(), status_code=405, headers=headers)
+    err = APIError(status, f"no such endpoint: {request.method} {request.url.path} (the API "
+                           "is under /v1: models, completions, chat/completions)",
+                   code="not_found")
+    return JSONAnswer(err.body(), status_code=status)
 
 
-def create_app(lm: LanguageModel, **options: Any) -> Starlette:
+def create_app(lm: LanguageModel, *, allowed_hosts: Sequence[str] | None = None,
+               **options: Any) -> Starlette:
     """The server's ASGI app over ``lm`` (any :class:`~adaptrack.LanguageModel`, a
     ``TableLM`` included); ``options`` are :class:`Server`'s. The engine thread starts
     with the app's lifespan (uvicorn runs it) and stops after the requests in flight.
+    A request is served when its ``Host`` is an IP address, a loopback name or one of
+    ``allowed_hosts`` (:class:`~.guards.HostGuard`; ``["*"]`` for any), and a POST only
+    with an ``application/json`` body (415 otherwise).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -138,6 +151,7 @@ def create_app(lm: LanguageModel, **options: Any) -> Starlette:
             await asyncio.to_thread(server.close)
 
     app = Starlette(routes=_routes(server), lifespan=lifespan,
+                    middleware=[Middleware(HostGuard, allowed=allowed_hosts)],
                     exception_handlers={404: _not_found, 405: _not_found})
     app.state.server = server
     return app

@@ -12,15 +12,18 @@ from typing import Any
 from ..errors import (
     AdaptrackError,
     GrammarError,
+    JSONDepthError,
     NoValidSequenceError,
     PromptTooLongError,
     SearchTimeoutError,
+    TokenizerError,
     TreeLimitError,
 )
 
 #: Error ``type`` by HTTP status, as OpenAI names them.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               404: "invalid_request_error", 413: "invalid_request_error",
+               404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 415: "invalid_request_error",
                422: "invalid_request_error",
                429: "rate_limit_error", 499: "invalid_request_error", 500: "server_error",
                503: "server_error", 504: "timeout_error"}
@@ -49,6 +52,21 @@ class APIError(Exception):
 def bad(param: str, reason: str) -> APIError:
     """A 400 about one request field."""
     return APIError(400, f"invalid '{param}': {reason}", param=param)
+
+
+def json_text(value: Any, allow_nan: bool = False) -> str:
+    """``value`` as JSON text that encodes to UTF-8: non-ASCII as is, unless a lone
+    surrogate (echoed from a request's JSON, which may hold one) forces escapes.
+
+    >>> json_text({"a": "é"}), json_text({"a": chr(0xD800)})
+    ('{"a": "é"}', '{"a": "\\\\ud800"}')
+    """
+    text = json.dumps(value, ensure_ascii=False, allow_nan=allow_nan)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, allow_nan=allow_nan)
+    return text
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -80,8 +98,11 @@ def error_for(err: BaseException, param: str | None = None) -> APIError:
         return APIError(422, message, param=param, code="search_limit")
     if isinstance(err, PromptTooLongError):
         return APIError(400, message, param=param, code="context_length_exceeded")
+    if isinstance(err, JSONDepthError):
+        return APIError(400, message, param=param, code="json_too_deep")
     if isinstance(err, GrammarError):
         return APIError(400, message, param=param, code="invalid_grammar")
-    if isinstance(err, ValueError | TypeError) and not isinstance(err, AdaptrackError):
+    if isinstance(err, TokenizerError) or (isinstance(err, ValueError | TypeError)
+                                           and not isinstance(err, AdaptrackError)):
         return APIError(400, message, param=param)
     return APIError(500, f"{type(err).__name__}: {message}", code="internal_error")

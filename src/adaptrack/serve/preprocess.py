@@ -22,10 +22,12 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..call import _fit_prompt
 from ..constraints.base import Constraint
 from ..constraints.compose import with_stop
 from ..errors import GrammarError, PromptTooLongError
 from ..generate import PreparedCall, prepare
+from ..limits import prompt_byte_limit, prompt_text, too_many_bytes
 from ..lm.base import LanguageModel
 from ..options import SEARCH_BUDGET, SamplingOptions
 from .errors import APIError, bad, error_for
@@ -174,19 +176,24 @@ def _token_ids(lm: LanguageModel, value: list[int], param: str) -> list[int]:
     return list(value)
 
 
-def _encode(lm: LanguageModel, text: str, param: str) -> list[int]:
+def _encode(lm: LanguageModel, text: str, param: str, max_tokens: int | None) -> list[int]:
+    """The text's token ids; one longer than the context holds is refused from its size in
+    bytes before it is tokenized, or from its tokens at once (docs/security.md)."""
     try:
-        return list(lm.encode(text))
+        ids = list(lm.encode(prompt_text(lm, text, max_tokens or 1, what=f"'{param}'")))
+        return _fit_prompt(lm, ids, max_tokens or 1, False)
+    except PromptTooLongError as err:
+        raise error_for(err, param) from None
     except (ValueError, TypeError) as err:
         raise bad(param, f"cannot be tokenized: {' '.join(str(err).split())}") from None
 
 
 def _prompts(lm: LanguageModel, req: CompletionRequest) -> list[list[int]]:
-    value = req.prompt
+    value, most = req.prompt, req.max_tokens
     if isinstance(value, str):
-        return [_encode(lm, value, "prompt")]
+        return [_encode(lm, value, "prompt", most)]
     if all(isinstance(p, str) for p in value):
-        return [_encode(lm, p, "prompt") for p in value]  # type: ignore[arg-type]
+        return [_encode(lm, p, "prompt", most) for p in value]  # type: ignore[arg-type]
     if all(isinstance(p, list) for p in value):
         return [_token_ids(lm, p, "prompt") for p in value]  # type: ignore[arg-type]
     return [_token_ids(lm, value, "prompt")]  # type: ignore[arg-type]
@@ -216,6 +223,11 @@ def _messages(lm: LanguageModel, req: ChatCompletionRequest,
     if template is None:
         raise APIError(400, "this model has no chat template: use /v1/completions with a "
                             "prompt", param="messages", code="no_chat_template")
+    most = req.max_tokens or req.max_completion_tokens or 1
+    limit, size = prompt_byte_limit(lm, most), sum(len(m.content or "") for m in req.messages)
+    if limit is not None and size > limit:  # before the template renders it all
+        raise error_for(too_many_bytes(lm, "the messages' content", f"at least {size}",
+                                       most, option="fewer messages"), "messages")
     try:
         if knows_tools(template):
             tools = None if req.tool_mode is None or not req.tools else [
@@ -230,7 +242,7 @@ def _messages(lm: LanguageModel, req: ChatCompletionRequest,
         raise bad("messages", f"the chat template refused them: "
                               f"{' '.join(str(err).split())}") from None
     if isinstance(rendered, str):
-        return [_encode(lm, rendered, "messages")]
+        return [_encode(lm, rendered, "messages", req.max_tokens)]
     return [_token_ids(lm, list(rendered), "messages")]
 
 

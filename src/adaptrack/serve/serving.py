@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +30,7 @@ from ..errors import SearchTimeoutError
 from ..generate import MAX_SECONDS, SEARCHES, PreparedCall, prepare
 from ..lm.base import LanguageModel
 from .engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES, Busy, Closing, EngineLoop, Job
-from .errors import APIError, error_for
+from .errors import APIError, error_for, json_text
 from .events import Delta, Done, Event, Failed, Final
 from .metrics import Metrics
 from .preprocess import ChatTemplate, Options, hf_chat_template, parse, prepare_calls
@@ -114,6 +113,9 @@ class Server:
                  tree_cache_bytes: int = TREE_CACHE_BYTES,
                  chat_template: ChatTemplate | None = None, max_n: int = MAX_N,
                  search_seconds: float | None = SEARCH_SECONDS) -> None:
+        if api_key is not None and not (isinstance(api_key, str) and api_key.strip()):
+            raise ValueError(f"api_key must be a non-empty string, or None to serve without "
+                             f"a key; got {api_key!r:.20}")
         self.lm, self.model_name, self.api_key = lm, model_name, api_key
         self.timeout, self.max_n = timeout, max_n
         self.search_seconds = search_seconds
@@ -366,5 +368,5 @@ class _Chunks:
 
 
 def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {json_text(data, allow_nan=True)}\n\n"
 

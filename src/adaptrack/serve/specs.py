@@ -16,21 +16,30 @@ import json
 from typing import Any
 
 from ..constraints.grammar import JSON_WHITESPACE
+from ..errors import JSONDepthError
+from ..limits import loads
 from .constraint_spec import ConstraintSpec
-from .errors import bad
+from .errors import bad, error_for
 from .protocol import BaseRequest, ChatCompletionRequest
 from .tool_protocol import StructuredOutputs
 from .tools import text_without, tool_spec
+
+
+def _loads(text: str, field: str) -> Any:
+    """The JSON text of a field, nested at most ``limits.MAX_JSON_DEPTH`` deep."""
+    try:
+        return loads(text, f"'{field}'")
+    except JSONDepthError as err:
+        raise error_for(err, field) from None
+    except ValueError as err:
+        raise bad(field, f"not JSON: {err}") from None
 
 
 def _json(value: Any, field: str, whitespace: dict[str, Any] | None = None) -> ConstraintSpec:
     """A JSON schema (an object, or its JSON text) with ``whitespace`` options set in its
     ``x-guidance``."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as err:
-            raise bad(field, f"not JSON: {err}") from None
+        value = _loads(value, field)
     if whitespace and isinstance(value, dict):
         value = {**value, "x-guidance": {**(value.get("x-guidance") or {}), **whitespace}}
     elif whitespace and value is True:
@@ -46,10 +55,7 @@ def _structural_tag(value: Any) -> ConstraintSpec:
     rather than llguidance's lazy lexemes, for the reason :mod:`.tools` gives."""
     field = "structured_outputs.structural_tag"
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as err:
-            raise bad(field, f"not JSON: {err}") from None
+        value = _loads(value, field)
     if not (isinstance(value, dict) and isinstance(value.get("structures"), list)
             and isinstance(value.get("triggers"), list) and value["structures"]
             and all(isinstance(t, str) and t for t in value["triggers"])):

@@ -30,8 +30,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import JSONDepthError
+from ..limits import loads
 from .constraint_spec import ConstraintSpec
-from .errors import bad
+from .errors import bad, error_for
 from .tool_protocol import ChatMessage, Tool
 
 #: Where a call starts and ends in the text (Hermes' tags).
@@ -103,7 +105,9 @@ def describe(tools: Sequence[Tool]) -> str:
 
 def _arguments(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return loads(text, f"'{where}'")
+    except JSONDepthError as err:
+        raise error_for(err, where) from None
     except ValueError as err:
         raise bad(where, f"the arguments of a tool call are not JSON: {err}") from None
 

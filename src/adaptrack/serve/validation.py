@@ -11,7 +11,6 @@ for an item of a list), the message says what is wrong and what is expected.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -19,6 +18,9 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from ..errors import JSONDepthError
+from ..limits import loads
+from .bounds import check_sizes
 from .errors import APIError, bad, show
 from .protocol import REQUESTS, BaseRequest
 
@@ -38,12 +40,15 @@ def validate(body: bytes | str, kind: str, *, max_n: int,
     ``n`` at most ``max_n`` and ``max_tokens`` at most ``max_tokens``; else the
     :class:`APIError` of its first problem."""
     try:
-        data = json.loads(body)
+        data = loads(body, "the request body")
+    except JSONDepthError as err:
+        raise APIError(400, str(err), code="json_too_deep") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise APIError(400, f"the body is not valid JSON: {err}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, got {show(data)}",
                        code="invalid_json")
+    check_sizes(data, max_n, max_tokens)
     model = REQUESTS[kind]
     context = {"max_n": max_n, "max_tokens": max_tokens}
     try:

@@ -17,7 +17,8 @@ from llguidance import LLMatcher, regex_to_lark
 from llguidance.gbnf_to_lark import any_to_lark
 
 from ...cache import LRU
-from ...errors import GrammarError
+from ...errors import GrammarError, JSONDepthError
+from ...limits import check_json_depth, loads
 from ...tokenization.vocab import Vocabulary
 from ..base import Constraint, show, utf8
 from .matcher import GrammarMatcher
@@ -118,10 +119,11 @@ def regex(pattern: str) -> Grammar:
     return Grammar("regex", f"start: /{regex_to_lark(pattern, '')}/", pattern)
 
 
-#: The layout of a JSON text unless the schema's ``"x-guidance"`` says otherwise: ``json.dumps``'s,
-#: one line with ``", "`` between items, ``": "`` after a key and no other whitespace. The exact
-#: target then lies over texts a person writes; a layout with free whitespace spreads it over
-#: layouts nobody writes, which a search must visit (docs/benchmarks/json-layout.md).
+#: The layout of a JSON text unless the schema's ``"x-guidance"`` says otherwise:
+#: ``json.dumps``'s, one line with ``", "`` between items, ``": "`` after a key and no other
+#: whitespace. The exact target then lies over texts a person writes; a layout with free
+#: whitespace spreads it over layouts nobody writes, which a search must visit
+#: (docs/benchmarks/json-layout.md).
 JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
                                "key_separator": ": "}
 
@@ -157,9 +159,13 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
     if isinstance(schema, str):
         utf8(schema, "json_schema")
         try:
-            schema = json.loads(schema)
+            schema = loads(schema, "the JSON schema")
+        except JSONDepthError:
+            raise
         except ValueError as err:
             raise GrammarError(f"invalid JSON schema: not JSON: {err}") from None
+    else:
+        check_json_depth(schema, "the JSON schema")
     if not isinstance(schema, dict | bool):
         raise GrammarError(
             f"invalid JSON schema: expected an object, got {type(schema).__name__}")
@@ -207,6 +213,9 @@ def gbnf(grammar: str) -> Grammar:
     _source("gbnf", grammar)
     try:
         converted = any_to_lark(grammar)
+    except RecursionError:
+        raise GrammarError("invalid GBNF grammar: nested too deeply for llguidance's "
+                           "converter (its parentheses or rules); flatten it") from None
     except Exception as err:  # the converter raises its own error type (and others)
         raise GrammarError(f"invalid GBNF grammar: {err}") from None
     _check("GBNF grammar", LLMatcher.grammar_from_lark(converted))

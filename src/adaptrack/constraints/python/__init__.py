@@ -17,7 +17,7 @@ tokens one by one in probability order with the validity-aware top-p cutoff
   Measured: 0 wrong rejections over the 103 724 character cuts of
   HumanEval's 164 canonical programs and over a seeded sample of 30 000 cuts, at any byte
   offset, of the standard library's files up to 32 KB (tests/constraints/test_python_constraint.py;
-  costs in docs/benchmarks.md).
+  costs in docs/benchmarks/masks.md).
 - **Names** (``names=True``). Every ``module.attr`` chain whose root is an imported module
   in the allowlist must exist, the last, unfinished name as a prefix of an existing one
   (exactly once the program is complete). Module-level code runs in order: once a simple
