@@ -11,8 +11,11 @@ each request, layout and method: CPU time as a ratio to ``cd``'s under the same 
 every sample parses, the share of the most frequent value (the text parsed, layout dropped):
 a layout that moves the model's values shows there.
 
+``--weather N`` instead draws N exact samples of the weather request under each layout, with no
+fallback, and gives the share of each ``sky`` and the median ``temp_c``.
+
 Run:  OMP_NUM_THREADS=1 python benchmarks/json_layout.py [--n 3] [--seeds 0,1]
-      [--methods cd,adaptrack,exact] [--only TEXT] [--maskbench 4]
+      [--methods cd,adaptrack,exact] [--only TEXT] [--maskbench 4] [--weather 64]
 """
 
 from __future__ import annotations
@@ -85,6 +88,31 @@ def run(lm: at.LanguageModel, prompt: str, schema: dict[str, Any], layout: dict[
     return {"cpu": cpu, "calls": calls, "fallback": fell, "top": top, "values": values}
 
 
+def weather_values(lm: at.LanguageModel, n: int, max_seconds: float) -> None:
+    """``exact``'s n samples of the weather request under each layout, searched alone (no
+    fallback, ``max_seconds`` at most): the share of each ``sky`` and the median ``temp_c``,
+    the values a layout should leave as the model means them."""
+    print(f"\n| layout ({n} exact samples, weather) | sky: sunny | cloudy | rain | median temp_c "
+          "| CPU s |")
+    print("|---|--:|--:|--:|--:|--:|")
+    for name, layout in LAYOUTS.items():
+        started = time.process_time()
+        try:
+            res = at.generate(lm, "Weather report as JSON: ", at.constraints.json_schema(
+                {**WEATHER, "x-guidance": layout}), method="exact", n=n, seed=0,
+                max_new_tokens=40, fallback=None, search_budget=None, max_seconds=max_seconds)
+        except at.SearchLimitError as err:
+            print(f"| {name} | {type(err).__name__} after "
+                  f"{time.process_time() - started:.0f} s | | | | |")
+            continue
+        got = [json.loads(s.text) for s in res.samples]
+        sky = collections.Counter(g["sky"] for g in got)
+        temp = statistics.median(g["temp_c"] for g in got)
+        shares = " | ".join(f"{sky[k] / n:.2f}" for k in ("sunny", "cloudy", "rain"))
+        print(f"| {name} | {shares} | {temp:g} | {time.process_time() - started:.0f} |",
+              flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=3)
@@ -94,6 +122,10 @@ def main() -> None:
     parser.add_argument("--maskbench", type=int, default=4,
                         help="how many of the tuned set's MaskBench schemas (default 4)")
     parser.add_argument("--values", action="store_true", help="print the sampled values")
+    parser.add_argument("--weather", type=int, default=0, metavar="N",
+                        help="only exact's N samples of the weather request under each layout")
+    parser.add_argument("--max-seconds", type=float, default=120.0,
+                        help="the time budget of each --weather search")
     args = parser.parse_args()
     methods = [m for m in args.methods.split(",") if m]
     if "cd" not in methods:
@@ -108,6 +140,9 @@ def main() -> None:
           "otherwise\n")
     at.generate(lm, "Hello", at.constraints.json_schema({"type": "object"}), method="cd",
                 max_new_tokens=4)
+    if args.weather:
+        weather_values(lm, args.weather, args.max_seconds)
+        return
     print("| request | layout | " + " | ".join(
         f"{m}: × cd, × newline cd, calls, fb, top value" for m in methods) + " |")
     print("|---|---|" + "---|" * len(methods))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import adaptrack as at
+from adaptrack.constraints.grammar import JSON_WHITESPACE
 from adaptrack.testing import ends_or_goes_on, hashed_weights
 
 
@@ -379,19 +380,25 @@ def test_the_fallback_backs_up_a_token_at_a_dead_end():
 # --- JSON whitespace -----------------------------------------------------------------------
 
 
-def test_json_whitespace_keeps_compact_and_pretty_json_but_not_padding():
+def test_the_json_layout_is_json_dumps_and_json_whitespace_keeps_pretty_json_not_padding():
     vocab = [bytes([i]) for i in range(256)] + [b"<eos>"]
     lm = at.TableLM(vocab, lambda prefix: [1] * 257, eos=256)
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a"]}
 
     def accepts(text: str, s=schema) -> bool:
         m = at.constraints.json_schema(s).bind(lm.vocab)
         return m.accepts([*text.encode(), 256])
 
-    for ok in ('{"a":1}', '{"a": 1}', '{\n  "a": 1\n}', '{\n\t"a": 1\n}', json.dumps({"a": 1})):
+    for ok in (json.dumps({"a": 1}), json.dumps({"a": 1, "b": "x y"})):  # the default
         assert accepts(ok), ok
-    for bad in ('{   "a": 1}', '{\n\n"a": 1}', '{"a": 1' + "\n" + " " * 21 + "}"):
+    for bad in ('{"a":1}', '{"a": 1,"b": ""}', '{\n  "a": 1\n}', '{ "a": 1}', '{"a": 1} '):
         assert not accepts(bad), bad
+    lines = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+    for ok in ('{"a":1}', '{"a": 1}', '{\n  "a": 1\n}', '{\n\t"a": 1\n}', json.dumps({"a": 1})):
+        assert accepts(ok, lines), ok
+    for bad in ('{   "a": 1}', '{\n\n"a": 1}', '{"a": 1' + "\n" + " " * 21 + "}"):
+        assert not accepts(bad, lines), bad
     flexible = {**schema, "x-guidance": {"whitespace_flexible": True}}
     assert accepts('{   "a": 1}', flexible)
     compact = {**schema, "x-guidance": {"whitespace_flexible": False}}

@@ -13,6 +13,7 @@ from paths import SHARED
 
 from adaptrack.cli import main
 from adaptrack.constraints import DONE, Matcher, State, json_schema, regex
+from adaptrack.constraints.grammar import JSON_WHITESPACE
 from adaptrack.sampling.fastforward import forced_tokens
 from adaptrack.tokenization.tokenizer import Tokenizer
 from adaptrack.tokenization.vocab import Vocabulary
@@ -20,15 +21,18 @@ from adaptrack.tokenization.vocab import Vocabulary
 LLAMA3 = SHARED / "tokenizers" / "llama3"
 
 # The seed's two schemas: optional orderId/orderName; required name_of_the_person/age.
+# The seed's examples: whitespace may follow a key, so '":' is not forced after it.
 ORDER_SCHEMA = {
     "properties": {"orderId": {"type": "string"}, "orderName": {"type": "string"}},
     "required": [],
     "additionalProperties": False,
+    "x-guidance": {"whitespace_pattern": JSON_WHITESPACE},
 }
 PERSON_SCHEMA = {
     "properties": {"name_of_the_person": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name_of_the_person", "age"],
     "additionalProperties": False,
+    "x-guidance": {"whitespace_pattern": JSON_WHITESPACE},
 }
 
 

@@ -15,6 +15,7 @@ from paths import SHARED
 import adaptrack as at
 from adaptrack.constraints import json_schema
 from adaptrack.constraints.base import Matcher
+from adaptrack.constraints.grammar import JSON_WHITESPACE
 from adaptrack.constraints.grammar.jsonbound import TokenCover
 from adaptrack.constraints.grammar.matcher import GrammarMatcher
 from adaptrack.sampling.expander import Expander
@@ -92,12 +93,14 @@ def check_sound(m: GrammarMatcher, ids: list[int]) -> int:
 def test_bound_never_exceeds_what_valid_texts_take(default_vocab):
     rng, checked = random.Random(0), 0
     for schema, docs in HAND:
-        m = json_schema(schema).bind(default_vocab)
-        for doc in docs:
-            for text in texts(doc):
-                for ids in segmentations(default_vocab, text.encode(), rng):
-                    checked += check_sound(m, ids)
-    assert checked > 1500
+        for layout in (None, {"whitespace_pattern": JSON_WHITESPACE}):  # ours, multi-line
+            m = json_schema(schema if layout is None else {**schema, "x-guidance": layout}
+                            ).bind(default_vocab)
+            for doc in docs:
+                for text in texts(doc):
+                    for ids in segmentations(default_vocab, text.encode(), rng):
+                        checked += check_sound(m, ids)
+    assert checked > 2000
 
 
 def test_bound_on_maskbench_documents(default_vocab):
@@ -176,7 +179,8 @@ JME = {"type": "object", "properties": {"name": {"type": "string"},
 
 
 def test_string_that_cannot_close_in_time_is_dead(default_vocab, monkeypatch):
-    m = json_schema(JME).bind(default_vocab)
+    m = json_schema({**JME, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+                    ).bind(default_vocab)
     node = Node(None, None, m.start(), False, 0.0)
     for tok in default_vocab.longest_match(b'{"name": "John", "email": "john.doe@example'):
         state = m.advance(node.state, tok)

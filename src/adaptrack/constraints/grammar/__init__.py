@@ -10,11 +10,12 @@ By noun, as XGrammar splits its own; the modules and what each holds: docs/desig
 from .bounds import regex_min_bytes
 from .compiler import COMPILED_GRAMMARS, CompiledGrammar, compiled
 from .matcher import GrammarMatcher
-from .sources import JSON_WHITESPACE, Grammar, gbnf, json_schema, lark, regex
+from .sources import JSON_LAYOUT, JSON_WHITESPACE, Grammar, gbnf, json_schema, lark, regex
 from .tokenizer import byte_tokenizer, ll_vocab
 
 __all__ = [
     "COMPILED_GRAMMARS",
+    "JSON_LAYOUT",
     "JSON_WHITESPACE",
     "CompiledGrammar",
     "Grammar",

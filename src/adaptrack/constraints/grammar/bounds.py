@@ -178,9 +178,9 @@ def json_min_bytes(schema: Any, depth: int = 0, sep: int = 1) -> int:
     a string holds its quotes and ``minLength`` characters (one byte at least each), an
     array its brackets and ``minItems`` items with their commas, an object its braces and
     required members (``"key":`` and a value); 0 wherever the schema is not one of these
-    plain forms. Separators count one byte each (``sep``), none where the root's
-    ``x-guidance`` writes its own. Unlike the token bound of :mod:`.jsonbound`, it never
-    writes the bytes out, so ``minLength: 1e9`` costs nothing.
+    plain forms. Separators count as many bytes as the shorter of the root's ``x-guidance``
+    separators has (``","`` and ``":"`` by default). Unlike the token bound of
+    :mod:`.jsonbound`, it never writes the bytes out, so ``minLength: 1e9`` costs nothing.
 
     >>> json_min_bytes({"type": "string", "minLength": 1_000_000_000})
     1000000002
@@ -191,9 +191,9 @@ def json_min_bytes(schema: Any, depth: int = 0, sep: int = 1) -> int:
     if not isinstance(schema, dict) or depth > 32 or _JSON_OPAQUE & schema.keys():
         return 0
     options = schema.get("x-guidance")
-    if depth == 0 and isinstance(options, dict) and options.keys() - {
-            "whitespace_flexible", "whitespace_pattern"}:
-        sep = 0
+    if depth == 0 and isinstance(options, dict):
+        found = [options.get(k, d) for k, d in (("item_separator", ","), ("key_separator", ":"))]
+        sep = min(len(x.encode()) if isinstance(x, str) else 0 for x in found)
     kind = schema.get("type")
     if kind == "string":
         return min(_UNREACHABLE, 2 + _count(schema.get("minLength")))

@@ -354,17 +354,28 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _MISSING = object()
 #: ``x-guidance`` options under which llguidance still writes JSON with ``,`` and ``:``.
 _PLAIN_OPTIONS = frozenset({"whitespace_flexible", "whitespace_pattern"})
+#: Separators the scanner reads as ``,`` and ``:`` with whitespace around them.
+_SEPARATORS = {"item_separator": ",", "key_separator": ":"}
 
 
 def bounded(schema: Any) -> bool:
     """Whether the scanner reads ``schema``'s texts as llguidance writes them: its
-    ``x-guidance`` options, if any, change only the whitespace.
+    ``x-guidance`` options, if any, change only the whitespace (separators included: ``", "``
+    is ``,`` and a space).
 
     >>> bounded({"type": "object"}), bounded({"x-guidance": {"key_separator": "="}})
     (True, False)
+    >>> bounded({"x-guidance": {"whitespace_flexible": False, "item_separator": ", "}})
+    True
     """
     options = schema.get("x-guidance") if isinstance(schema, dict) else None
-    return options is None or (isinstance(options, dict) and options.keys() <= _PLAIN_OPTIONS)
+    if options is None:
+        return True
+    if not isinstance(options, dict):
+        return False
+    return all(key in _PLAIN_OPTIONS or (
+        key in _SEPARATORS and isinstance(value, str)
+        and value.strip(" \t\n\r") == _SEPARATORS[key]) for key, value in options.items())
 
 
 class JsonBound:

@@ -177,7 +177,8 @@ class GrammarMatcher(Matcher):
         >>> from adaptrack.tokenization.vocab import Vocabulary
         >>> v = Vocabulary([b'{"a":"', b'x', b'"', b'}', b'<e>'], eos_ids=[4])
         >>> m = json_schema({"type": "object", "properties": {"a": {"type": "string"}},
-        ...                  "required": ["a"]}).bind(v)
+        ...                  "required": ["a"], "x-guidance": {"whitespace_flexible": False}}
+        ...                 ).bind(v)
         >>> s = m.advance(m.start(), 0)
         >>> m.within(s, 4).tolist(), m.within(s, 3).tolist()  # 'x' needs '"', '}', EOS after
         ([1, 2, 3], [2])

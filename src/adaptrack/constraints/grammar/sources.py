@@ -119,27 +119,42 @@ def regex(pattern: str) -> Grammar:
     return Grammar("regex", f"start: /{regex_to_lark(pattern, '')}/", pattern)
 
 
-#: Whitespace allowed between JSON tokens unless the schema's ``"x-guidance"`` says otherwise:
-#: none, one space, or a newline and up to 20 spaces or tabs (llama.cpp's JSON grammar does
-#: the same), so compact and pretty-printed JSON stay valid but a model cannot pad forever;
-#: measured against llguidance's unbounded default in docs/benchmarks/everyday.md.
+#: The layout of a JSON text unless the schema's ``"x-guidance"`` says otherwise:
+#: ``json.dumps``'s, one line with ``", "`` between items, ``": "`` after a key and no other
+#: whitespace. The exact target then lies over texts a person writes; a layout with free
+#: whitespace spreads it over layouts nobody writes, which a search must visit
+#: (docs/benchmarks/json-layout.md).
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
+                               "key_separator": ": "}
+
+#: A multi-line layout to ask for with ``{"x-guidance": {"whitespace_pattern":
+#: JSON_WHITESPACE}}``: none, one space, or a newline and up to 20 spaces or tabs between any
+#: two tokens (llama.cpp's JSON grammar does the same), so a model cannot pad forever.
 JSON_WHITESPACE = r"(?:[ ]|\n[ \t]{0,20})?"
+
+#: ``x-guidance`` keys that choose the whitespace; a schema that sets one keeps llguidance's
+#: separators unless it sets them too.
+_WHITESPACE_KEYS = frozenset({"whitespace_flexible", "whitespace_pattern"})
 
 
 def json_schema(schema: str | dict[str, Any]) -> Grammar:
-    """The text must be JSON valid under ``schema``, with :data:`JSON_WHITESPACE` between
-    tokens and llguidance's ``","`` and ``":"`` separators; an ``"x-guidance"`` key in the
-    schema changes them (``{"whitespace_flexible": true}``: any whitespace;
-    ``{"whitespace_flexible": false}``: none; ``{"whitespace_pattern": "..."}``).
+    """The text must be JSON valid under ``schema``, laid out as :data:`JSON_LAYOUT` says
+    (``json.dumps``'s one line); an ``"x-guidance"`` key in the schema changes that
+    (``{"whitespace_flexible": true}``: any whitespace, ``","`` and ``":"``;
+    ``{"whitespace_flexible": false}``: none, compact; ``{"whitespace_pattern": "..."}``:
+    that pattern between tokens, :data:`JSON_WHITESPACE` for pretty-printed text;
+    ``item_separator`` and ``key_separator`` replace ``", "`` and ``": "``).
 
     >>> from adaptrack import TableLM
     >>> lm = TableLM([b'{"', b'a', b'":', b'1', b'}', b' ', b'<eos>'], lambda p: [1] * 7, eos=6)
     >>> m = json_schema({"type": "object", "properties": {"a": {"type": "integer"}},
     ...                  "required": ["a"], "additionalProperties": False}).bind(lm.vocab)
-    >>> m.accepts(lm.vocab.eos_ids.tolist()), m.accepts([0, 1, 2, 3, 4, 6])
+    >>> m.accepts(lm.vocab.eos_ids.tolist()), m.accepts([0, 1, 2, 5, 3, 4, 6])  # {"a": 1}
     (False, True)
+    >>> m.accepts([0, 1, 2, 3, 4, 6])                                       # {"a":1}
+    False
     >>> m.forced_bytes(m.start())
-    b'{'
+    b'{"a": '
     """
     if isinstance(schema, str):
         utf8(schema, "json_schema")
@@ -156,13 +171,11 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
             f"invalid JSON schema: expected an object, got {type(schema).__name__}")
     if isinstance(schema, dict):
         options = schema.get("x-guidance")
-        if options is None or (isinstance(options, dict) and not {
-                "whitespace_flexible", "whitespace_pattern"} & set(options)):
-            schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE,
-                                               **(options or {})}}
+        if options is None or (isinstance(options, dict) and not _WHITESPACE_KEYS & options.keys()):
+            schema = {**schema, "x-guidance": {**JSON_LAYOUT, **(options or {})}}
     _check("JSON schema", LLMatcher.grammar_from_json_schema(json.dumps(schema)))
-    # An object ends with "}", then whitespace (ours or llguidance's; a pattern of the
-    # caller's may match anything, so then nothing is known).
+    # An object ends with "}", then whitespace or none (a pattern of the caller's may
+    # match anything, so then nothing is known).
     final = None
     if isinstance(schema, dict) and schema.get("type") == "object":
         options = schema.get("x-guidance")
