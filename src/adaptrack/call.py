@@ -28,13 +28,13 @@ from .constraints.base import Constraint, Matcher
 from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
-from .options import FALLBACK_TRIES, METHODS, PARALLEL_WALKS, SEARCHES, SamplingOptions
+from .options import FALLBACK_TRIES, PARALLEL_WALKS, SamplingOptions
 from .results import FreeTextWarning, GenerationResult, Sample
-from .sampling.adaptrack import AdapTrack
 from .sampling.base import Method
 from .sampling.budgets import CALLS_RULE, FIRST_SAMPLE_RULE
 from .sampling.cd import ConstrainedDecoding
 from .sampling.engine import Engine, Request
+from .sampling.methods import METHODS, build
 from .sampling.tree import Node, PrefixTree
 
 
@@ -139,7 +139,7 @@ def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
     length rule, chains and end policy, but keeps the stop strings of anything() and
     with_stop() (``stop``)."""
     o = options
-    unconstrained = o.method == "unconstrained"
+    unconstrained = not METHODS[o.method].constrained
     walker = (Anything(matcher.terminators, stop).bind(lm.vocab) if unconstrained and not free
               else matcher)
     return PrefixTree(lm, ids, walker, temperature=o.temperature, top_p=o.top_p,
@@ -153,11 +153,7 @@ def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
 
 
 def _sampler(tree: PrefixTree, options: SamplingOptions) -> Method:
-    if options.method == "adaptrack":
-        return AdapTrack(tree, options.greedy, share_q=options.share_q,
-                         max_backtrack=options.max_backtrack,
-                         min_backtrack_prob=options.min_backtrack_prob)
-    return METHODS[options.method](tree, options.greedy)
+    return build(options.method, tree, options.greedy, options)
 
 
 class PreparedCall:
@@ -183,11 +179,11 @@ class PreparedCall:
         self.ids = _fit_prompt(lm, _prompt_ids(lm, prompt), o.max_new_tokens,
                                o.truncate_prompt)
         self.matcher = matcher = _bind(constraint, lm)
-        self.unconstrained = o.method == "unconstrained"
+        self.unconstrained = not METHODS[o.method].constrained
         free = constraint is None or isinstance(constraint, Anything)
         if not self.unconstrained and not o.allow_truncated:  # a cut text is a valid end
             _require_room(matcher, o.max_new_tokens)
-        if o.method in SEARCHES and not o.allow_truncated:
+        if METHODS[o.method].searches and not o.allow_truncated:
             if free:
                 warnings.warn(FreeTextWarning(
                     f"method={o.method!r} with no constraint samples text that ends (EOS) "

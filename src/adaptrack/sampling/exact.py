@@ -110,6 +110,9 @@ class Exact(Method):
     (1, 2)
     """
 
+    name = "exact"
+    searches = True
+
     independent = False  # Q is shared
     parallel = True  # rounds keep every attempt on one Q: exact with any number in flight
     eager_chains = False  # a rejected attempt need not have fed the chain it left
