@@ -28,6 +28,7 @@ from typing import Any
 
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
+from .sampling.policy import BudgetPolicy
 from .sampling.tree import END_POLICIES
 
 #: The built-in methods that sample the target conditioned on ending within
@@ -324,8 +325,7 @@ class SamplingOptions:
         >>> SamplingOptions(method="cd").max_calls is None
         True
         """
-        share = self.sample_calls
-        return None if share is None else max(1, math.ceil(share * self.n))
+        return BudgetPolicy.request_calls(self.sample_calls, self.n)
 
     @property
     def sample_calls(self) -> float | None:
