@@ -393,8 +393,9 @@ def test_exact_ahead_draws_are_formula_3_and_keep_their_token() -> None:
     and with P(u|x) at another (an invalid one as a whole: -1); where Q kept the proposal's
     token, the opened prefix picks it again with the same key (chi-square over 20 000
     random keys; the keeping is exact, per key)."""
-    from adaptrack.sampling.exact import BLOCK, _Draws
     from adaptrack.sampling.expansion import Expansion
+    from adaptrack.sampling.races import BLOCK
+    from adaptrack.sampling.races import Draws as _Draws
 
     rng = np.random.default_rng(0)
     for size in (12, 3 * BLOCK + 5):  # one block; several
