@@ -16,6 +16,7 @@ from .errors import (
     CallLimitError,
     CheckTimeoutError,
     GrammarError,
+    InternalError,
     ModelLoadError,
     ModelOutputError,
     NoValidSequenceError,
@@ -40,6 +41,7 @@ from .generate import (
 from .lm import LanguageModel, TableLM, load_model
 from .options import SamplingOptions
 from .sampling.fastforward import FastForward
+from .scoring import score
 from .tokenization.tokenizer import Tokenizer
 from .tokenization.vocab import Vocabulary
 
@@ -57,6 +59,7 @@ __all__ = [
     "FreeTextWarning",
     "GenerationResult",
     "GrammarError",
+    "InternalError",
     "LanguageModel",
     "ModelLoadError",
     "ModelOutputError",
@@ -78,4 +81,5 @@ __all__ = [
     "generate_each",
     "load_model",
     "metrics",
+    "score",
 ]

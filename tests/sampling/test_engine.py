@@ -15,7 +15,7 @@ import adaptrack as at
 from adaptrack.constraints import choice
 from adaptrack.generate import generate_each
 from adaptrack.sampling import PrefixTree
-from adaptrack.sampling.engine import Engine
+from adaptrack.sampling.engine import Engine, expand
 from adaptrack.sampling.exact import SCHEDULES, Exact
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
@@ -460,14 +460,14 @@ def test_a_walk_waits_again_for_an_expansion_the_cache_dropped():
     tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     wait = ConstrainedDecoding(tree, greedy=True).expand(tree.root)
     assert next(wait) is tree.root
-    tree.expand(tree.root)  # the driver's call ...
+    expand(tree, tree.root)  # the driver's call ...
     tree.root.expansion = None  # ... and an eviction before the walk resumes
     assert next(wait) is tree.root and tree.lm_calls == 1  # it waits again
     with pytest.raises(RuntimeError, match="before its expansion"):
         tree.child(tree.root, 1)
     with pytest.raises(RuntimeError, match="did not wait"):
         QTable(tree).open(tree.root)
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     with pytest.raises(StopIteration) as done:
         next(wait)
     assert done.value.value is tree.root.expansion and tree.lm_calls == 2

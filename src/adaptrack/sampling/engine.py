@@ -22,13 +22,15 @@ that each attempt reads one Q from start to end).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..lm.base import LanguageModel
 from .base import BARRIER, Method, Prefetch, Walk
+from .expansion import Expansion
 from .policy import BudgetPolicy
 from .tree import Node, PrefixTree
 
@@ -374,3 +376,71 @@ class Engine:
         (0,)
         """
         return {i: s.waits for i, s in req._slots.items() if isinstance(s.waits, Node)}
+
+
+# A driver outside any request (the enumeration, a server reading alternatives, a test) asks
+# the model through these, so that this module stays the one caller of the model.
+
+
+def expand_many(tree: PrefixTree, nodes: list[Node]) -> None:
+    """Expand the prefixes ``nodes`` of ``tree`` at once (forced chains fed by one more
+    call), for a driver outside any request: the enumeration, a test. Raises the tree's
+    budget errors before the call."""
+    if all(n.expansion is not None for n in nodes):
+        return
+    tree.check_spent()
+    plain, heads = tree.plan(nodes)
+    if plain:
+        tree.store(plain, tree.lm.next_logprobs([tree.prompt + n.tokens for n in plain]))
+    if heads:
+        tree.store_chains(heads, tree.lm.logprobs_along_many(
+            [(tree.prompt + h.tokens, h.pending or ()) for h in heads]))
+    tree.finish(nodes)
+
+
+def expand(tree: PrefixTree, node: Node) -> Expansion:
+    """The expansion of ``tree``'s prefix ``node``, asking the model if it is new
+    (:func:`expand_many`); never for a walk, which waits (``Method.expand``).
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
+    >>> expand(tree, tree.root).ids.tolist(), expand(tree, tree.root).p.round(2).tolist()
+    ([0, 1], [0.5, 0.25])
+    """
+    if node.expansion is None:
+        expand_many(tree, [node])
+    assert node.expansion is not None
+    return node.expansion
+
+
+def peek(tree: PrefixTree, nodes: list[Node]) -> list[Expansion]:
+    """The expansions of ``nodes``, those not in the tree made from one model call and not
+    kept (a server reading a sample's alternatives after its walk)."""
+    missing = [n for n in nodes if n.expansion is None]
+    made: dict[int, Expansion] = {}
+    if missing:
+        rows = tree.lm.next_logprobs([tree.prompt + n.tokens for n in missing])
+        made = {id(n): tree.expander.expansion(n, row)
+                for n, row in zip(missing, rows, strict=True)}
+    return [n.expansion if n.expansion is not None else made[id(n)] for n in nodes]
+
+
+def score_tokens(lm: LanguageModel, prompt: Sequence[int],
+                 tails: Sequence[Sequence[int]]) -> list[float]:
+    """log P(tail | prompt) under ``lm`` for each of ``tails``, in one batched model call.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    >>> [round(s, 3) for s in score_tokens(lm, [], [[0], [0, 2], []])]
+    [-0.693, -2.079, 0.0]
+    """
+    rows = lm.logprobs_along_many([(tuple(prompt), tuple(t)) for t in tails])
+    return [math.fsum(float(r[i, t]) for i, t in enumerate(tail))
+            for r, tail in zip(rows, tails, strict=True)]
+
+
+def prefill(lm: LanguageModel, prompts: Sequence[Sequence[int]]) -> None:
+    """Evaluate each prompt once, so that later calls start from its kept KV state."""
+    for prompt in prompts:
+        lm.next_logprobs([tuple(prompt)])
