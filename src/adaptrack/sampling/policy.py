@@ -5,7 +5,8 @@ fallback takes over. The engine consults it; nothing else decides these.
 Each rule is one method here: :meth:`BudgetPolicy.bind` (a tree's call budget),
 :meth:`~BudgetPolicy.start` (a sample's share, or the first sample's due),
 :meth:`~BudgetPolicy.sample_done` (the whole budget once the first sample came),
-:meth:`~BudgetPolicy.check` (before each model call), :meth:`~BudgetPolicy.past_share`
+:meth:`~BudgetPolicy.check` (before each model call; :meth:`~BudgetPolicy.check_search`
+while the search runs), :meth:`~BudgetPolicy.past_share`
 (one sample's walk hands over) and :meth:`~BudgetPolicy.take_over` (the whole request hands
 over, with the tree's budgets lifted for CD). A new rule (an earlier hand-over) is written
 here, once.
@@ -45,6 +46,8 @@ class BudgetPolicy:
         self.share: int | None = None
         self._held: int | None = None  # the whole call budget, while the first sample is due
         self._cd: ConstrainedDecoding | None = None  # the walks of samples past their share
+        #: False once the fallback took the whole request over.
+        self.searching = True
 
     @staticmethod
     def request_calls(sample_calls: float | None, n: int) -> int | None:
@@ -91,8 +94,16 @@ class BudgetPolicy:
             tree.budgets.calls_rule = CALLS_RULE
 
     def check(self, tree: PrefixTree) -> None:
-        """Before a model call: the ``SearchLimitError`` of a spent budget."""
+        """Before each of the request's model calls: the ``SearchLimitError`` of a spent
+        budget, which hands the request over (:meth:`hands_over`); while the search runs,
+        that of :meth:`check_search` too."""
         tree.check_spent()
+        if self.searching:
+            self.check_search(tree)
+
+    def check_search(self, tree: PrefixTree) -> None:
+        """A rule that hands the search over before its budgets are spent raises its own
+        ``SearchLimitError`` here, with a message naming the rule: none by default."""
 
     def past_share(self, rows: int) -> CallLimitError | None:
         """Why a sample's walk that caused ``rows`` model rows and needs one more hands over
@@ -123,6 +134,7 @@ class BudgetPolicy:
         (max_new_tokens + 1) prefixes a walk, ``tries`` walks each; the search's budgets,
         spent, no longer apply to the tree."""
         cd, tree = self._new_cd(method), method.tree
+        self.searching = False
         tree.max_seconds = tree.max_calls = None
         tree.max_nodes = max(tree.max_nodes, tree.num_nodes
                              + walks * cd.tries * WALK_STEPS * (tree.max_new_tokens + 1))
