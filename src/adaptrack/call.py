@@ -29,7 +29,6 @@ from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
 from .options import FALLBACK_TRIES, PARALLEL_WALKS, SamplingOptions
 from .results import FreeTextWarning, GenerationResult, Sample
-from .sampling.base import Method
 from .sampling.engine import Engine, Request
 from .sampling.methods import METHODS, build
 from .sampling.policy import BudgetPolicy
@@ -150,10 +149,6 @@ def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
                       end="eos" if unconstrained else o.end)
 
 
-def _sampler(tree: PrefixTree, options: SamplingOptions) -> Method:
-    return build(options.method, tree, options.greedy, options)
-
-
 class PreparedCall:
     """One prompt of a ``generate`` call: its tree, method, samples and result.
     ``submit(engine, batch_size)`` queues it, ``outcome(request)`` gives its result or
@@ -193,7 +188,7 @@ class PreparedCall:
             fallback_tries=FALLBACK_TRIES if o.search_fallback == "cd" else None)
         self.tree = _tree(lm, self.ids, matcher, free, o, stop)
         self.policy.bind(self.tree)
-        self.sampler = _sampler(self.tree, o)
+        self.sampler = build(o.method, self.tree, o.greedy, o)
         self.samples: list[Sample | None] = [None] * o.n
         self.left = o.n
         self.finished: float | None = None  # when the last sample finished
@@ -275,4 +270,4 @@ class PreparedCall:
         self.policy.bind(tree)
         tree.max_opened_bytes = tree.opened_bytes + own.max_opened_bytes
         self.tree = tree
-        self.sampler = _sampler(tree, self.options)
+        self.sampler = build(self.options.method, tree, self.options.greedy, self.options)
