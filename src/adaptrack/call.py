@@ -27,11 +27,10 @@ from .constraints.base import Constraint, Matcher
 from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .lm.base import LanguageModel
-from .options import FALLBACK_TRIES, PARALLEL_WALKS, SamplingOptions
+from .options import PARALLEL_WALKS, SamplingOptions
 from .results import FreeTextWarning, GenerationResult, Sample
 from .sampling.engine import Engine, Request
 from .sampling.methods import METHODS, build
-from .sampling.policy import BudgetPolicy
 from .sampling.tree import Node, PrefixTree
 
 
@@ -183,9 +182,7 @@ class PreparedCall:
                     "when the model rarely stops that early; use method='unconstrained' for "
                     "free text"), stacklevel=3)
         stop = constraint.stop if isinstance(constraint, Stopped) else ()
-        self.policy = BudgetPolicy(
-            sample_calls=o.sample_calls, n=o.n,
-            fallback_tries=FALLBACK_TRIES if o.search_fallback == "cd" else None)
+        self.policy = o.budget_policy()
         self.tree = _tree(lm, self.ids, matcher, free, o, stop)
         self.policy.bind(self.tree)
         self.sampler = build(o.method, self.tree, o.greedy, o)

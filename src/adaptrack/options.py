@@ -28,7 +28,7 @@ from typing import Any
 
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
-from .sampling.policy import BudgetPolicy
+from .sampling.policy import SEARCH_TOKENS, BudgetPolicy
 from .sampling.tree import END_POLICIES
 
 #: The built-in methods that sample the target conditioned on ending within
@@ -61,10 +61,6 @@ MAX_SECONDS = 600.0
 #: bounded multiple of CD's worst case (docs/design.md §6; measured in
 #: docs/benchmarks/budgets.md).
 SEARCH_BUDGET = 3.0
-#: A short request's budget counts this many tokens a sample (the default max_new_tokens):
-#: calls that few are cheap, and an exact sample of a regex or a small JSON object needs tens
-#: to a few hundred.
-SEARCH_TOKENS = 64
 #: More samples than this in one call is refused: each one is kept in memory until the end.
 MAX_N = 10_000_000
 
@@ -325,7 +321,7 @@ class SamplingOptions:
         >>> SamplingOptions(method="cd").max_calls is None
         True
         """
-        return BudgetPolicy.request_calls(self.sample_calls, self.n)
+        return self.budget_policy().max_calls
 
     @property
     def sample_calls(self) -> float | None:
@@ -339,9 +335,16 @@ class SamplingOptions:
         >>> SamplingOptions(n=5, max_new_tokens=100, search_budget=3).sample_calls
         300.0
         """
-        if not METHODS[self.method].searches or self.search_budget is None:
-            return None
-        return self.search_budget * max(self.max_new_tokens, SEARCH_TOKENS)
+        return self.budget_policy().sample_calls
+
+    def budget_policy(self) -> BudgetPolicy:
+        """A new :class:`~adaptrack.sampling.policy.BudgetPolicy` for one request with
+        these options: a search's call budget and its fallback (docs/design.md §6); no
+        call budget and no fallback for a method that does not search."""
+        searches = METHODS[self.method].searches
+        return BudgetPolicy.for_search(
+            self.search_budget if searches else None, self.max_new_tokens, self.n,
+            fallback_tries=FALLBACK_TRIES if self.search_fallback == "cd" else None)
 
     @property
     def search_fallback(self) -> str | None:

@@ -28,6 +28,11 @@ from .budgets import CALLS_RULE, FIRST_SAMPLE_RULE
 from .cd import WALK_STEPS, ConstrainedDecoding
 from .tree import Node, PrefixTree
 
+#: A short request's budget counts this many tokens a sample (the default max_new_tokens):
+#: calls that few are cheap, and an exact sample of a regex or a small JSON object needs tens
+#: to a few hundred.
+SEARCH_TOKENS = 64
+
 
 class BudgetPolicy:
     """The budgets of a request of ``n`` samples: ``sample_calls`` model calls a sample
@@ -48,6 +53,20 @@ class BudgetPolicy:
         self._cd: ConstrainedDecoding | None = None  # the walks of samples past their share
         #: False once the fallback took the whole request over.
         self.searching = True
+
+    @classmethod
+    def for_search(cls, search_budget: float | None, max_new_tokens: int, n: int, *,
+                   fallback_tries: int | None) -> BudgetPolicy:
+        """The policy of a search of ``n`` samples: ``search_budget`` x ``max_new_tokens``
+        model calls a sample, the tokens counted as at least :data:`SEARCH_TOKENS` (None:
+        no call budget).
+
+        >>> BudgetPolicy.for_search(3.0, 10, 2, fallback_tries=4).max_calls   # 3 x 64 x 2
+        384
+        """
+        share = None if search_budget is None else search_budget * max(max_new_tokens,
+                                                                        SEARCH_TOKENS)
+        return cls(sample_calls=share, n=n, fallback_tries=fallback_tries)
 
     @staticmethod
     def request_calls(sample_calls: float | None, n: int) -> int | None:
