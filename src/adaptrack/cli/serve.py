@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..serve import create_app
+        from ..serve.app import create_app
     except ImportError as err:
         raise UsageError(f"adaptrack serve needs the serve extra: pip install "
                          f"'adaptrack[serve]' ({err})") from None
