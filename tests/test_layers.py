@@ -151,3 +151,45 @@ def test_no_module_getattr_shim(name):
     shims = [node.lineno for node in tree.body
              if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"]
     assert not shims, f"{name} re-exports names through a module __getattr__ (line {shims})"
+
+
+# Private names of call.py that generate.py and serve/preprocess.py still import; the
+# restructuring of call/generate/options (issue 46, item 1-2) removes these.
+PRIVATE_IMPORTS_ALLOWED = {
+    ("adaptrack.generate", "adaptrack.call"): {"_bind", "_fit_prompt", "_prompt_ids",
+                                               "_require_room"},
+    ("adaptrack.serve.preprocess", "adaptrack.call"): {"_fit_prompt"},
+}
+
+
+def _private_imports(name: str) -> dict[str, set[str]]:
+    """The private names (one leading underscore) that module ``name`` imports from
+    another of the package's modules, by that module."""
+    path, is_package = MODULES[name]
+    here = name if is_package else name.rpartition(".")[0]
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = here.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+        private = {a.name for a in node.names
+                   if a.name.startswith("_") and not a.name.startswith("__")}
+        if base.startswith(PACKAGE) and private:
+            found.setdefault(base, set()).update(private)
+    return found
+
+
+def test_the_private_import_check_sees_them():
+    assert "_fit_prompt" in _private_imports("adaptrack.serve.preprocess")["adaptrack.call"]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_private_name_imported_across_modules(name):
+    # A name another module needs is part of its module's interface: public, or moved.
+    extra = {source: names - PRIVATE_IMPORTS_ALLOWED.get((name, source), set())
+             for source, names in _private_imports(name).items()}
+    extra = {source: sorted(names) for source, names in extra.items() if names}
+    assert not extra, f"{name} imports private names: {extra}"
