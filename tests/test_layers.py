@@ -31,7 +31,6 @@ RANKS = {
     "constraints": 2, "lm": 2,
     "tokenization": 1, "limits": 1,
     "cache": 0, "errors": 0,
-    "metrics": 10,  # an alias of eval/metrics.py, kept for code written against it
 }
 
 
