@@ -1,5 +1,6 @@
-"""The package's import structure (docs/design.md §4): no import circle, and layers that
-import only the layers below them.
+"""The package's import structure (docs/design.md §4): no import circle, layers that
+import only the layers below them, and no private name (one leading underscore) imported
+from another module: what another module needs is public.
 
 Every ``import`` counts, at module level or inside a function (a lazy import is a circle
 all the same once both modules are loaded), except those under ``if TYPE_CHECKING:``,
