@@ -14,7 +14,6 @@ import math
 import statistics
 
 import adaptrack as at
-from adaptrack.demo import text_logprob
 from adaptrack.eval import tfv1
 
 
@@ -26,7 +25,8 @@ def main() -> None:
     lm = at.load_model(args.model)
     rows = []
     for p in tfv1.problems(limit=args.limit):
-        rows.append({s: text_logprob(lm, p.prompt, p.oracle[s] + "(") for s in tfv1.SETTINGS})
+        texts = [p.oracle[s] + "(" for s in tfv1.SETTINGS]
+        rows.append(dict(zip(tfv1.SETTINGS, at.score(lm, p.prompt, texts), strict=True)))
     print(f"{len(rows)} TFv1 problems, model {getattr(lm, 'name', args.model)}\n")
     print("| answer | median log P | mean P | share of problems with P > 1e-3 |")
     print("|---|---|---|---|")

@@ -25,7 +25,7 @@ RANKS = {
     "cli": 9,
     "serve": 8, "demo": 8,
     "eval": 7,
-    "generate": 6,
+    "generate": 6, "scoring": 6,
     "call": 5,
     "options": 4, "results": 4,
     "sampling": 3, "testing": 3,

@@ -16,6 +16,7 @@ from .errors import (
     CallLimitError,
     CheckTimeoutError,
     GrammarError,
+    InternalError,
     JSONDepthError,
     ModelLoadError,
     ModelOutputError,
@@ -43,6 +44,7 @@ from .generate import (
 from .lm import LanguageModel, TableLM, load_model
 from .options import SamplingOptions
 from .sampling.fastforward import FastForward
+from .scoring import score
 from .tokenization.tokenizer import Tokenizer
 from .tokenization.vocab import Vocabulary
 
@@ -60,6 +62,7 @@ __all__ = [
     "FreeTextWarning",
     "GenerationResult",
     "GrammarError",
+    "InternalError",
     "JSONDepthError",
     "LanguageModel",
     "ModelLoadError",
@@ -83,4 +86,5 @@ __all__ = [
     "generate_each",
     "load_model",
     "metrics",
+    "score",
 ]

@@ -17,7 +17,6 @@ ids fitted to the context, the constraint bound, the tree and the method built f
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 import warnings
@@ -29,13 +28,10 @@ from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .limits import prompt_text
 from .lm.base import LanguageModel
-from .options import FALLBACK_TRIES, METHODS, PARALLEL_WALKS, SEARCHES, SamplingOptions
+from .options import PARALLEL_WALKS, SamplingOptions
 from .results import FreeTextWarning, GenerationResult, Sample
-from .sampling.adaptrack import AdapTrack
-from .sampling.base import Method
-from .sampling.budgets import CALLS_RULE, FIRST_SAMPLE_RULE
-from .sampling.cd import ConstrainedDecoding
 from .sampling.engine import Engine, Request
+from .sampling.methods import METHODS, build
 from .sampling.tree import Node, PrefixTree
 
 
@@ -155,25 +151,17 @@ def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
     length rule, chains and end policy, but keeps the stop strings of anything() and
     with_stop() (``stop``)."""
     o = options
-    unconstrained = o.method == "unconstrained"
+    unconstrained = not METHODS[o.method].constrained
     walker = (Anything(matcher.terminators, stop).bind(lm.vocab) if unconstrained and not free
               else matcher)
     return PrefixTree(lm, ids, walker, temperature=o.temperature, top_p=o.top_p,
                       max_new_tokens=o.max_new_tokens, max_nodes=o.max_nodes,
                       max_cache_bytes=o.max_cache_bytes, max_opened_bytes=o.max_opened_bytes,
-                      max_seconds=o.max_seconds, max_calls=o.max_calls,
+                      max_seconds=o.max_seconds,
                       restrict_length=not unconstrained,
                       allow_truncated=o.allow_truncated,
                       fast_forward=None if unconstrained else o.chains(),
                       end="eos" if unconstrained else o.end)
-
-
-def _sampler(tree: PrefixTree, options: SamplingOptions) -> Method:
-    if options.method == "adaptrack":
-        return AdapTrack(tree, options.greedy, share_q=options.share_q,
-                         max_backtrack=options.max_backtrack,
-                         min_backtrack_prob=options.min_backtrack_prob)
-    return METHODS[options.method](tree, options.greedy)
 
 
 class PreparedCall:
@@ -191,7 +179,6 @@ class PreparedCall:
         if on_sample is not None and not callable(on_sample):
             raise TypeError(f"on_sample must be callable or None, got {on_sample!r}")
         self.options = o = options
-        self.fallback = o.search_fallback
         self.request: Request | None = None
         self.started = time.perf_counter() if started is None else started
         self.lm, self.n, self.seed, self.parallel = lm, o.n, o.seed, o.parallel
@@ -200,11 +187,11 @@ class PreparedCall:
                                                o.truncate_prompt),
                                o.max_new_tokens, o.truncate_prompt)
         self.matcher = matcher = _bind(constraint, lm)
-        self.unconstrained = o.method == "unconstrained"
+        self.unconstrained = not METHODS[o.method].constrained
         free = constraint is None or isinstance(constraint, Anything)
         if not self.unconstrained and not o.allow_truncated:  # a cut text is a valid end
             _require_room(matcher, o.max_new_tokens)
-        if o.method in SEARCHES and not o.allow_truncated:
+        if METHODS[o.method].searches and not o.allow_truncated:
             if free:
                 warnings.warn(FreeTextWarning(
                     f"method={o.method!r} with no constraint samples text that ends (EOS) "
@@ -212,12 +199,13 @@ class PreparedCall:
                     "when the model rarely stops that early; use method='unconstrained' for "
                     "free text"), stacklevel=3)
         stop = constraint.stop if isinstance(constraint, Stopped) else ()
+        self.policy = o.budget_policy()
         self.tree = _tree(lm, self.ids, matcher, free, o, stop)
-        self.sampler = _sampler(self.tree, o)
+        self.policy.bind(self.tree)
+        self.sampler = build(o.method, self.tree, o.greedy, o)
         self.samples: list[Sample | None] = [None] * o.n
         self.left = o.n
         self.finished: float | None = None  # when the last sample finished
-        self._budget: int | None = None  # the request's call budget, while the first sample is due
 
     def submit(self, engine: Engine, batch_size: int) -> Request:
         sampler, parallel = self.sampler, self.parallel
@@ -227,36 +215,14 @@ class PreparedCall:
             width = 1
         else:  # a fixed width, not batch_size: the walks in flight decide the samples
             width = PARALLEL_WALKS if isinstance(parallel, bool | None) else int(parallel)
-        fallback, share = None, None
-        if self.fallback == "cd":
-            def fallback() -> ConstrainedDecoding:
-                return ConstrainedDecoding(self.tree, self.sampler.greedy,
-                                           tries=FALLBACK_TRIES)
-            calls = self.options.sample_calls
-            if sampler.independent and calls is not None:
-                # Each sample's share replaces the request's budget: one walk that crawls
-                # no longer spends the others' calls (docs/design.md §6).
-                share, self.tree.max_calls = max(1, math.ceil(calls)), None
-            elif calls is not None and self.n > 1 and self.tree.max_calls is not None:
-                # Shared Q: the first sample is due within (n + 1) / 2 samples' shares, and
-                # the request's budget applies once it came (docs/design.md §6).
-                self._budget = budget = self.tree.max_calls
-                whole = self.options.max_calls  # ``budget`` less the calls a reused tree made
-                assert whole is not None  # a search with a budget
-                self.tree.max_calls = budget - whole + math.ceil(calls * (self.n + 1) / 2)
-                self.tree.budgets.calls_rule = FIRST_SAMPLE_RULE
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
-                                     fallback=fallback, fallback_width=batch_size,
-                                     share=share)
+                                     policy=self.policy, fallback_width=batch_size)
         return self.request
 
     def done(self, i: int, node: Node, requests: int) -> None:
         complete = node.complete and not node.truncated
         valid = complete and (not self.unconstrained or self.matcher.accepts(node.tokens))
         fell = self.request is not None and i in self.request.fallen
-        if self._budget is not None and not fell and self.tree.max_calls is not None:
-            self.tree.max_calls, self._budget = self._budget, None
-            self.tree.budgets.calls_rule = CALLS_RULE
         self.samples[i] = sample = Sample(node.tokens, _text(self.matcher, self.lm, node),
                                           complete, valid, node.logprob, requests, fell)
         self.left -= 1
@@ -315,7 +281,7 @@ class PreparedCall:
                              "new one")
         tree.started, tree.max_seconds = own.started, own.max_seconds
         tree.max_nodes = tree.num_nodes + own.max_nodes
-        tree.max_calls = None if own.max_calls is None else tree.lm_calls + own.max_calls
+        self.policy.bind(tree)
         tree.max_opened_bytes = tree.opened_bytes + own.max_opened_bytes
         self.tree = tree
-        self.sampler = _sampler(tree, self.options)
+        self.sampler = build(self.options.method, tree, self.options.greedy, self.options)

@@ -29,6 +29,7 @@ from .eval.tfv1 import (
 )
 from .generate import exact_distribution, generate
 from .lm.base import LanguageModel
+from .scoring import score
 
 RUNS: list[tuple[str, dict[str, Any]]] = [
     ("cd", {}),
@@ -93,16 +94,6 @@ def run_demo(
           f"{(len(target) - 1) / (2 * n):.4f}.", file=out)
 
 
-def text_logprob(lm: LanguageModel, prompt: str, text: str) -> float:
-    """log P(text | prompt) along the canonical tokenization of prompt + text (of the text
-    alone where the boundary merges), in one model call."""
-    head = lm.encode(prompt)
-    full = lm.encode(prompt + text)
-    tail = full[len(head):] if full[: len(head)] == head else lm.text_tokens(text)
-    rows = lm.logprobs_along(tuple(head), tail)
-    return float(sum(rows[i, t] for i, t in enumerate(tail)))
-
-
 #: Samples per method in the model demo's five-bit task: the n samples share one prefix tree
 #: of about 33 prefixes, so their cost is in the sampler, not in the model.
 BITS_SAMPLES = 2000
@@ -157,7 +148,7 @@ def figure3(lm: LanguageModel, n: int = 10, seed: int = 0, out: TextIO | None = 
     prompt = lm.encode(FIGURE3_PROMPT)
     for label, text in (("v1 intent (invalid in TF 2)", FIGURE3_V1_INTENT),
                         ("v2 answer", FIGURE3_V2_ANSWER)):
-        lp = text_logprob(lm, FIGURE3_PROMPT, text)
+        lp = score(lm, FIGURE3_PROMPT, [text])[0]
         print(f"  P(`{text}` | prompt) = {math.exp(lp):.2e}   ({label})", file=out)
     print(f"\n| method | greedy | {n} samples (count × text) | valid | lm_calls/sample |",
           file=out)

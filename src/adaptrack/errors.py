@@ -94,6 +94,14 @@ class BackendError(AdaptrackError):
     error); the message names the backend and its status."""
 
 
+class InternalError(AdaptrackError, RuntimeError):
+    """An invariant of the package failed: a bug, not a misuse; please report it with the
+    message. A ``RuntimeError`` too, as such a failure was before it had a name."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"an invariant failed (a bug in adaptrack, please report it): {what}")
+
+
 class ResultsMismatchError(AdaptrackError):
     """An evaluation results file cannot be appended to or read: not a regular file, not
     in the results format, or written by another task or with other options."""

@@ -18,7 +18,6 @@ from .options import (
     FALLBACKS,
     MAX_N,
     MAX_SECONDS,
-    METHODS,
     PARALLEL_WALKS,
     SEARCH_BUDGET,
     SEARCHES,
@@ -29,6 +28,7 @@ from .results import FreeTextWarning, GenerationResult, Sample, SearchFallbackWa
 from .sampling.engine import Engine
 from .sampling.enumerate import enumerate_tree
 from .sampling.fastforward import FastForward
+from .sampling.methods import METHODS
 from .sampling.tree import PrefixTree
 
 __all__ = [

@@ -26,26 +26,15 @@ import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .sampling.adaptrack import AdapTrack
-from .sampling.asap import ASAp
-from .sampling.base import Method
-from .sampling.cd import ConstrainedDecoding
-from .sampling.exact import Exact
 from .sampling.fastforward import FastForward
+from .sampling.methods import METHODS, foreign_options, owners
+from .sampling.policy import SEARCH_TOKENS, BudgetPolicy
 from .sampling.tree import END_POLICIES
-from .sampling.unconstrained import Unconstrained
 
-METHODS: dict[str, type[Method]] = {
-    "unconstrained": Unconstrained,
-    "cd": ConstrainedDecoding,
-    "asap": ASAp,
-    "adaptrack": AdapTrack,
-    "exact": Exact,
-}
-
-#: Methods that sample the target conditioned on ending within ``max_new_tokens``: without a
-#: constraint they search for free text that stops that early (docs/design.md §2, §6).
-SEARCHES = ("asap", "adaptrack", "exact")
+#: The built-in methods that sample the target conditioned on ending within
+#: ``max_new_tokens``: without a constraint they search for free text that stops that early
+#: (docs/design.md §2, §6). Each method declares it (``searches``); the code reads that.
+SEARCHES = tuple(name for name, m in METHODS.items() if m.searches)
 
 #: What draws a search's missing samples once it runs past a budget (docs/design.md §6):
 #: ``"cd"``, or None to raise the budget's :class:`~adaptrack.SearchLimitError`.
@@ -72,15 +61,8 @@ MAX_SECONDS = 600.0
 #: bounded multiple of CD's worst case (docs/design.md §6; measured in
 #: docs/benchmarks/budgets.md).
 SEARCH_BUDGET = 3.0
-#: A short request's budget counts this many tokens a sample (the default max_new_tokens):
-#: calls that few are cheap, and an exact sample of a regex or a small JSON object needs tens
-#: to a few hundred.
-SEARCH_TOKENS = 64
 #: More samples than this in one call is refused: each one is kept in memory until the end.
 MAX_N = 10_000_000
-
-#: The options only AdapTrack reads.
-ADAPTRACK_ONLY = ("share_q", "max_backtrack", "min_backtrack_prob")
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -249,10 +231,7 @@ class SamplingOptions:
         method = self.method
         if not isinstance(method, str) or method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        if method != "adaptrack" and (self.share_q or self.max_backtrack is not None
-                                      or self.min_backtrack_prob):
-            raise ValueError(f"{', '.join(ADAPTRACK_ONLY[:-1])} and {ADAPTRACK_ONLY[-1]} "
-                             "apply to method='adaptrack' only")
+        self._check_own_options()
         self._set("n", self._n(self.n))
         self._set("temperature", self._temperature(self.temperature))
         top_p = check_real("top_p", self.top_p)
@@ -279,6 +258,21 @@ class SamplingOptions:
         for name in ("max_seconds", "search_budget"):
             self._set(name, check_limit(name, getattr(self, name)))
         self._check_choices()
+
+    def _check_own_options(self) -> None:
+        """An option that only other methods read (``Method.options``) left at its default."""
+        given = [f.name for f in fields(self)
+                 if owners(f.name) and getattr(self, f.name) != f.default]
+        foreign = foreign_options(self.method, given)
+        if foreign:
+            them = owners(foreign[0])
+            if len(them) == 1:  # name all of that method's options, as its docs do
+                names = METHODS[them[0]].options
+                listed = (f"{', '.join(names[:-1])} and {names[-1]} apply" if len(names) > 1
+                          else f"{names[0]} applies")
+                raise ValueError(f"{listed} to method={them[0]!r} only")
+            raise ValueError(f"{foreign[0]} applies to method "
+                             f"{' or '.join(map(repr, them))} only")
 
     def _check_choices(self) -> None:
         if not isinstance(self.end, str) or self.end not in END_POLICIES:
@@ -327,8 +321,7 @@ class SamplingOptions:
         >>> SamplingOptions(method="cd").max_calls is None
         True
         """
-        share = self.sample_calls
-        return None if share is None else max(1, math.ceil(share * self.n))
+        return self.budget_policy().max_calls
 
     @property
     def sample_calls(self) -> float | None:
@@ -342,15 +335,22 @@ class SamplingOptions:
         >>> SamplingOptions(n=5, max_new_tokens=100, search_budget=3).sample_calls
         300.0
         """
-        if self.method not in SEARCHES or self.search_budget is None:
-            return None
-        return self.search_budget * max(self.max_new_tokens, SEARCH_TOKENS)
+        return self.budget_policy().sample_calls
+
+    def budget_policy(self) -> BudgetPolicy:
+        """A new :class:`~adaptrack.sampling.policy.BudgetPolicy` for one request with
+        these options: a search's call budget and its fallback (docs/design.md §6); no
+        call budget and no fallback for a method that does not search."""
+        searches = METHODS[self.method].searches
+        return BudgetPolicy.for_search(
+            self.search_budget if searches else None, self.max_new_tokens, self.n,
+            fallback_tries=FALLBACK_TRIES if self.search_fallback == "cd" else None)
 
     @property
     def search_fallback(self) -> str | None:
         """The fallback that applies: ``fallback`` for a search, None for the others (which
         never run past a budget by searching)."""
-        return self.fallback if self.method in SEARCHES else None
+        return self.fallback if METHODS[self.method].searches else None
 
     def chains(self, forces: bool | None = None) -> FastForward | None:
         """The fast-forward options of a tree (None: no chains); ``force=None`` becomes

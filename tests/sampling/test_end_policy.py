@@ -13,6 +13,7 @@ import pytest
 
 import adaptrack as at
 from adaptrack.constraints.grammar import JSON_WHITESPACE
+from adaptrack.sampling.engine import expand
 from adaptrack.testing import ends_or_goes_on, hashed_weights
 
 
@@ -73,9 +74,9 @@ def test_leave_target_is_the_definition():
 def test_leave_moves_the_leaving_mass_onto_eos():
     lm, c, max_new = ends_or_goes_on()
     tree = at.sampling.tree.PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=max_new)
-    tree.expand(tree.root)  # the test is the driver: it asks the model
+    expand(tree, tree.root)  # the test is the driver: it asks the model
     a = tree.child(tree.root, 0)  # "a": accepted, may go on with a, b or ab
-    exp = tree.expand(a)
+    exp = expand(tree, a)
     probs = np.asarray(lm.next_probs((0,)), dtype=float)
     probs /= probs.sum()
     ids = exp.ids.tolist()

@@ -15,7 +15,7 @@ import adaptrack as at
 from adaptrack.constraints import choice
 from adaptrack.generate import generate_each
 from adaptrack.sampling import PrefixTree
-from adaptrack.sampling.engine import Engine
+from adaptrack.sampling.engine import Engine, expand
 from adaptrack.sampling.exact import SCHEDULES, Exact
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
 
@@ -393,8 +393,9 @@ def test_exact_ahead_draws_are_formula_3_and_keep_their_token() -> None:
     and with P(u|x) at another (an invalid one as a whole: -1); where Q kept the proposal's
     token, the opened prefix picks it again with the same key (chi-square over 20 000
     random keys; the keeping is exact, per key)."""
-    from adaptrack.sampling.exact import BLOCK, _Draws
     from adaptrack.sampling.expansion import Expansion
+    from adaptrack.sampling.races import BLOCK
+    from adaptrack.sampling.races import Draws as _Draws
 
     rng = np.random.default_rng(0)
     for size in (12, 3 * BLOCK + 5):  # one block; several
@@ -459,14 +460,14 @@ def test_a_walk_waits_again_for_an_expansion_the_cache_dropped():
     tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     wait = ConstrainedDecoding(tree, greedy=True).expand(tree.root)
     assert next(wait) is tree.root
-    tree.expand(tree.root)  # the driver's call ...
+    expand(tree, tree.root)  # the driver's call ...
     tree.root.expansion = None  # ... and an eviction before the walk resumes
     assert next(wait) is tree.root and tree.lm_calls == 1  # it waits again
     with pytest.raises(RuntimeError, match="before its expansion"):
         tree.child(tree.root, 1)
     with pytest.raises(RuntimeError, match="did not wait"):
         QTable(tree).open(tree.root)
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     with pytest.raises(StopIteration) as done:
         next(wait)
     assert done.value.value is tree.root.expansion and tree.lm_calls == 2

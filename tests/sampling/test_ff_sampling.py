@@ -12,6 +12,7 @@ from scipy.stats import chi2
 
 import adaptrack as at
 from adaptrack.constraints import choice, json_schema
+from adaptrack.sampling.engine import expand
 from adaptrack.sampling.fastforward import FastForward
 from adaptrack.sampling.qtable import QTable
 from adaptrack.sampling.tree import PrefixTree
@@ -126,7 +127,7 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     tree = PrefixTree(lm, [], NAMES.bind(lm.vocab), max_new_tokens=6,
                       fast_forward=FastForward())
     q = QTable(tree)
-    tree.expand(tree.root)  # the test is the driver: it asks the model
+    expand(tree, tree.root)  # the test is the driver: it asks the model
     q.open(tree.root)
     xyz = VOCAB.index(b"xyz")
     p_root = np.exp(lm.next_logprobs([()])[0])
@@ -135,7 +136,7 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     head = tree.child(tree.root, xyz)
     assert head.in_chain and head.expansion is not None  # from the same call
     assert tree.lm_calls == 1 and tree.ff_sequences == 1
-    tree.expand(head)  # the test is the driver: it asks the model
+    expand(tree, head)  # the test is the driver: it asks the model
     q.open(head)
     assert q.q(tree.root) == pytest.approx(p_root[xyz] * head.expansion.p.sum(), rel=1e-12)
 
@@ -148,7 +149,7 @@ def test_prefilled_chain_nodes_belong_to_the_canonical_tokens_only() -> None:
     tree = PrefixTree(lm, [], LONG.bind(lm.vocab), max_new_tokens=8,
                       fast_forward=FastForward(force=False))
     xyz, x = VOCAB.index(b"xyz"), VOCAB.index(b"x")
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     assert tree.root.pending == (xyz, xyz)
     assert set(tree.root.expansion.ids.tolist()) == {x, VOCAB.index(b"xy"), xyz}
     assert tree.lm_calls == 1 and tree.num_nodes == 3  # the root and the chain's two nodes
@@ -156,7 +157,7 @@ def test_prefilled_chain_nodes_belong_to_the_canonical_tokens_only() -> None:
     assert head.in_chain and head.pending == (xyz,) and head.expansion is not None
     other = tree.child(tree.root, x)
     assert not other.in_chain and other.pending is None and other.expansion is None
-    tree.expand(other)
+    expand(tree, other)
     y, z = VOCAB.index(b"y"), VOCAB.index(b"z")
     assert other.pending == (y, z, xyz) and tree.lm_calls == 2  # "yzxyzw" less the held "w"
 

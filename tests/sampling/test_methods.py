@@ -11,6 +11,7 @@ import pytest
 from scipy.stats import chi2
 
 import adaptrack as at
+from adaptrack.sampling.engine import expand
 from adaptrack.sampling.tree import PrefixTree
 from adaptrack.testing import PROBLEMS, hashed_weights
 
@@ -46,7 +47,7 @@ def test_greedy_methods():
             tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
             node = tree.root
             for tok in res.samples[0].tokens:
-                exp = tree.expand(node)
+                exp = expand(tree, node)
                 assert tok == exp.ids[np.argmax(exp.p)]
                 node = tree.child(node, tok)
 

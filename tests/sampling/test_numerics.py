@@ -10,6 +10,7 @@ import pytest
 
 import adaptrack as at
 from adaptrack.sampling import Expansion, PrefixTree, QTable
+from adaptrack.sampling.engine import expand
 
 # Tokens a, b, EOS at fixed odds 2 : 97 : 1: "a" * k then EOS has probability .02^k · .01.
 ODDS = [2, 97, 1]
@@ -89,7 +90,7 @@ def test_a_float32_model_stores_half_the_bytes_and_samples_its_stored_target() -
     c = at.constraints.choice(["a", "ab", "b", "ba"])
     trees = [PrefixTree(lm, [], c.bind(lm.vocab), end="eos") for lm in (lm32, lm64)]
     for tree in trees:
-        tree.expand(tree.root)  # the test is the driver: it asks the model
+        expand(tree, tree.root)  # the test is the driver: it asks the model
         QTable(tree).open(tree.root)
     assert trees[0].root.expansion.p.dtype == np.float32
     assert trees[0].opened_bytes < trees[1].opened_bytes

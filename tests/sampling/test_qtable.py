@@ -12,6 +12,7 @@ import pytest
 
 import adaptrack as at
 from adaptrack.sampling.draw import draw
+from adaptrack.sampling.engine import expand
 from adaptrack.sampling.qtable import QTable
 from adaptrack.sampling.tree import PrefixTree
 from adaptrack.testing import PROBLEMS, hashed_weights
@@ -25,7 +26,7 @@ def test_q_table_satisfies_formula_2_after_random_openings():
     for _ in range(200):  # random root-to-leaf walks, opening as we go
         node = tree.root
         while not node.complete:
-            tree.expand(node)  # the test is the driver: it asks the model
+            expand(tree, node)  # the test is the driver: it asks the model
             Q.open(node)
             if Q.q(node) == 0:
                 break
@@ -60,7 +61,7 @@ def test_fully_opened_q_root_is_the_total_valid_probability():
         if node.complete:
             total += np.exp(node.logprob)
             continue
-        tree.expand(node)  # the test is the driver: it asks the model
+        expand(tree, node)  # the test is the driver: it asks the model
         Q.open(node)
         stack.extend(tree.child(node, int(t)) for t in node.expansion.ids)
     assert Q.q(tree.root) == pytest.approx(total, rel=1e-9)
@@ -77,7 +78,7 @@ def test_a_new_prefix_has_q_one_and_opening_twice_changes_nothing() -> None:
     tree, Q = small()
     root = tree.root
     assert (Q.q(root), Q.log_q(root), Q.dead(root), Q.is_open(root)) == (1.0, 0.0, False, False)
-    tree.expand(root)  # the test is the driver: it asks the model
+    expand(tree, root)  # the test is the driver: it asks the model
     Q.open(root)
     assert Q.q(root) == pytest.approx(0.75) and root.opened  # opened prefixes are pinned
     Q.open(root)
@@ -86,10 +87,10 @@ def test_a_new_prefix_has_q_one_and_opening_twice_changes_nothing() -> None:
 
 def test_p_q_is_formula_3_and_sums_to_one_over_the_children() -> None:
     tree, Q = small()
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     Q.open(tree.root)
     a, b = (tree.child(tree.root, t) for t in (0, 1))
-    tree.expand(a)
+    expand(tree, a)
     Q.open(a)  # Q[a] = P(EOS | a) = 1/4; b stays new (Q = 1)
     assert Q.q(tree.root) == pytest.approx(0.5 * 0.25 + 0.25)
     assert Q.prob(a) == pytest.approx(0.5 * 0.25 / 0.375)
@@ -105,10 +106,10 @@ def test_a_branch_with_no_valid_end_is_dead_and_its_mass_leaves_its_parent() -> 
                     eos=2)
     tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab), end="eos")
     Q = QTable(tree)
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     Q.open(tree.root)
     a = tree.child(tree.root, 0)
-    tree.expand(a)
+    expand(tree, a)
     Q.open(a)
     assert Q.dead(a) and Q.q(a) == 0.0 and Q.prob(a) == 0.0
     assert Q.q(tree.root) == pytest.approx(0.25) and not Q.dead(tree.root)  # "b" alone
@@ -120,7 +121,7 @@ def test_q_stays_finite_in_log_space_and_exact_at_single_child_nodes() -> None:
                       max_new_tokens=k + 1, end="eos")
     Q, node = QTable(tree), tree.root
     while not node.complete:
-        tree.expand(node)  # the test is the driver: it asks the model
+        expand(tree, node)  # the test is the driver: it asks the model
         Q.open(node)
         node = tree.child(node, int(node.expansion.ids[0]))
     expected = k * math.log(0.02) + math.log(0.01)
@@ -153,7 +154,7 @@ def test_an_update_lists_the_links_it_moved_and_kept_draw_sums_are_bit_for_bit()
             path = [tree.root]
             continue
         before = [Q.prob(n) for n in path[1:]]
-        tree.expand(s)
+        expand(tree, s)
         Q.open(s)
         fresh.open(s)
         links = {id(n): (p, lr) for n, p, lr in Q.moved}

@@ -11,6 +11,7 @@ import pytest
 
 import adaptrack as at
 from adaptrack.errors import SearchTimeoutError, TreeLimitError
+from adaptrack.sampling.engine import expand, expand_many
 from adaptrack.sampling.qtable import QTable
 from adaptrack.sampling.tree import PrefixTree
 
@@ -38,14 +39,14 @@ class Asked(at.TableLM):
 
 def test_a_prefix_is_expanded_once_and_each_child_made_once() -> None:
     tree = tree_of(["ab", "b", "ba"])
-    first = tree.expand(tree.root)
-    assert tree.expand(tree.root) is first and tree.lm_calls == 1
+    first = expand(tree, tree.root)
+    assert expand(tree, tree.root) is first and tree.lm_calls == 1
     a = tree.child(tree.root, A)
     assert tree.child(tree.root, A) is a and tree.num_nodes == 2
     assert (a.tokens, a.depth, a.parent) == ((A,), 1, tree.root)
     assert a.logprob == pytest.approx(math.log(0.5))  # log P(a | prompt)
     b = tree.child(tree.root, B)
-    tree.expand_many([a, b])
+    expand_many(tree, [a, b])
     assert EOS in b.expansion.ids and EOS not in a.expansion.ids  # "b" is a string, "a" not
     assert tree.child(b, EOS).complete and not b.complete  # a text ends with its end token
 
@@ -53,9 +54,9 @@ def test_a_prefix_is_expanded_once_and_each_child_made_once() -> None:
 def test_several_prefixes_are_expanded_by_one_model_call() -> None:
     lm = Asked()
     tree = PrefixTree(lm, [7], at.constraints.choice(["ab", "ba"]).bind(lm.vocab))
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     a, b = tree.child(tree.root, A), tree.child(tree.root, B)
-    tree.expand_many([a, b, a])
+    expand_many(tree, [a, b, a])
     assert lm.asked == [[(7,)], [(7, A), (7, B)]]  # the prompt, then both prefixes at once
     assert tree.lm_calls == 3 and a.expansion.ids.tolist() == [B]
 
@@ -68,28 +69,28 @@ def test_several_prefixes_are_expanded_by_one_model_call() -> None:
 def test_the_expansion_is_the_model_at_the_temperature_over_the_valid_tokens(
         temperature: float, p_a: float, p_b: float) -> None:
     tree = tree_of(["a", "b"], temperature=temperature, end="eos")
-    exp = tree.expand(tree.root)
+    exp = expand(tree, tree.root)
     assert exp.ids.tolist() == [A, B]  # EOS is not valid at the root: "" is not a string
     assert exp.p.tolist() == pytest.approx([p_a, p_b])
 
 
 def test_at_the_length_limit_only_finishing_tokens_are_valid_and_nothing_is_asked_past_it():
     tree = tree_of(["a", "aa"], max_new_tokens=2, end="eos")
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     a = tree.child(tree.root, A)
-    assert tree.expand(a).ids.tolist() == [EOS]  # "aa" would need EOS past the limit
+    assert expand(tree, a).ids.tolist() == [EOS]  # "aa" would need EOS past the limit
     end = tree.child(a, EOS)
     calls = tree.lm_calls
-    assert end.complete and len(tree.expand(end).ids) == 0 and tree.lm_calls == calls
+    assert end.complete and len(expand(tree, end).ids) == 0 and tree.lm_calls == calls
     truncated = tree_of(["aa"], max_new_tokens=1, allow_truncated=True, end="eos")
-    truncated.expand(truncated.root)
+    expand(truncated, truncated.root)
     cut = truncated.child(truncated.root, A)
     assert cut.complete and cut.truncated  # "a" ends the sample: a valid prefix at the limit
 
 
 def test_a_token_the_expansion_does_not_allow_is_refused() -> None:
     tree = tree_of(["a"])
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     with pytest.raises(ValueError, match="token 1 is not valid after"):
         tree.child(tree.root, B)
     with pytest.raises(ValueError, match="end must be one of 'leave', 'eos'"):
@@ -98,7 +99,7 @@ def test_a_token_the_expansion_does_not_allow_is_refused() -> None:
 
 def test_max_nodes_bounds_the_prefixes() -> None:
     tree = tree_of(["a", "b"], max_nodes=2)
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     tree.child(tree.root, A)
     with pytest.raises(TreeLimitError, match="max_nodes=2"):
         tree.child(tree.root, B)
@@ -109,27 +110,27 @@ def test_max_seconds_is_checked_before_a_model_call() -> None:
     tree = tree_of(["a", "b"], max_seconds=60.0)
     tree.started -= 61.0  # as if the search had run a minute: no clock in the test
     with pytest.raises(SearchTimeoutError, match="max_seconds=60"):
-        tree.expand(tree.root)
+        expand(tree, tree.root)
     assert tree.lm_calls == 0
 
 
 def test_a_dropped_expansion_is_asked_again_and_an_opened_one_is_kept() -> None:
     tree = tree_of(["aa", "ab", "ba"], max_cache_bytes=1)  # room for no expansion but the last
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     a = tree.child(tree.root, A)
-    tree.expand(a)
+    expand(tree, a)
     assert tree.root.expansion is None and tree.evictions == 1  # a's call dropped the root's
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     assert tree.lm_calls == 3  # the root asked again
     QTable(tree).open(tree.root)  # opened: pinned, out of the droppable cache
-    tree.expand(tree.child(tree.root, B))
+    expand(tree, tree.child(tree.root, B))
     assert tree.root.opened and tree.root.expansion is not None
     assert tree.opened_bytes == tree.root.expansion.nbytes
 
 
 def test_opened_expansions_are_bounded_in_bytes() -> None:
     tree = tree_of(["a", "b"], max_opened_bytes=1)
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     with pytest.raises(TreeLimitError, match="max_opened_bytes=1"):
         QTable(tree).open(tree.root)
 
@@ -142,7 +143,7 @@ def test_a_mask_shared_by_every_prefix_is_counted_once() -> None:
     tree = PrefixTree(lm, [], at.constraints.Anything().bind(lm.vocab), max_new_tokens=8)
     q, node = QTable(tree), tree.root
     for _ in range(5):
-        tree.expand(node)  # the test is the driver: it asks the model
+        expand(tree, node)  # the test is the driver: it asks the model
         q.open(node)
         node = tree.child(node, 0)
     valid = len(tree.root.expansion.ids)  # every token but the empty one

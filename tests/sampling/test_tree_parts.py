@@ -12,6 +12,7 @@ import adaptrack as at
 from adaptrack.errors import CallLimitError, SearchTimeoutError, TreeLimitError
 from adaptrack.sampling.budgets import Budgets
 from adaptrack.sampling.chains import Chains
+from adaptrack.sampling.engine import expand
 from adaptrack.sampling.expander import Expander
 from adaptrack.sampling.expansion import Expansion
 from adaptrack.sampling.fastforward import FastForward
@@ -77,9 +78,9 @@ def test_the_trees_budget_names_set_its_budgets():
     b = tree.budgets
     assert (b.max_nodes, b.max_opened_bytes, b.max_seconds, b.started) == (1, 7, 3.0, 12.5)
     with pytest.raises(SearchTimeoutError):  # 3 s from a long-gone start
-        tree.expand(tree.root)
+        expand(tree, tree.root)
     tree.max_seconds = None
-    tree.expand(tree.root)
+    expand(tree, tree.root)
     with pytest.raises(TreeLimitError, match="max_nodes=1"):
         tree.child(tree.root, A)
 

@@ -23,6 +23,7 @@ from loopback import client, serving  # noqa: E402
 from stats import chi_square_p  # noqa: E402
 
 import adaptrack as at  # noqa: E402
+from adaptrack.sampling.engine import expand  # noqa: E402
 from adaptrack.serve import APIError  # noqa: E402
 from adaptrack.serve.preprocess import parse  # noqa: E402
 from adaptrack.serve.tool_protocol import Tool  # noqa: E402
@@ -391,7 +392,7 @@ def test_top_alternatives_remake_an_expansion_the_cache_dropped():
     for tree in (kept, dropped):
         node = tree.root
         for token in (0, 1, 2):  # <tool_call> \n {"name": ...
-            node = tree.child(node, token, tree.expand(node))
+            node = tree.child(node, token, expand(tree, node))
             tree.finish([])  # the cache back within its bound: nothing kept when 0 bytes
         nodes.append(node)
     assert dropped.root.expansion is None and kept.root.expansion is not None

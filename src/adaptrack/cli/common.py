@@ -26,7 +26,8 @@ from typing import Any, NoReturn
 
 from .. import constraints
 from ..errors import ModuleImportError
-from ..options import ADAPTRACK_ONLY, Flag, SamplingOptions
+from ..options import Flag, SamplingOptions
+from ..sampling.methods import METHODS, foreign_options, owners
 from ..serve.constraint_spec import ConstraintSpec
 
 USAGE_ERROR = 2
@@ -298,10 +299,13 @@ def sampling_options(args: argparse.Namespace) -> SamplingOptions:
     values = {name: getattr(args, name) for name, _, _ in _flags()}
     if values["fallback"] == "none":
         values["fallback"] = None
-    given = [flag.name for name, flag, default in _flags()
-             if name in ADAPTRACK_ONLY and values[name] != default]
-    if given and values["method"] != "adaptrack":
-        raise UsageError(f"{given[0]} applies to --method adaptrack only")
+    spelled = {name: flag.name for name, flag, _ in _flags()}
+    given = [name for name, _, default in _flags() if values[name] != default]
+    foreign = (foreign_options(values["method"], given) if values["method"] in METHODS
+               else [])
+    if foreign:
+        raise UsageError(f"{spelled[foreign[0]]} applies to --method "
+                         f"{' or '.join(owners(foreign[0]))} only")
     try:
         return SamplingOptions(**values)
     except (TypeError, ValueError) as err:

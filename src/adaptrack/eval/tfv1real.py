@@ -68,6 +68,7 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from ..lm.default import cache_dir
+from ..sampling.engine import prefill
 from .apireport import api_report, tfv1_scores
 from .apitask import API_HEADER, ApiProblem, ApiTask, api_options, api_record, setting_names
 from .checks import POSITIVE, STR, strings
@@ -312,7 +313,7 @@ class TFv1RealTask(ApiTask):
         """Evaluate each prompt once, so that every call of the group starts from its KV."""
         for prompt in prompts:
             try:
-                self.lm.next_logprobs([tuple(self.lm.encode(prompt))])
+                prefill(self.lm, [self.lm.encode(prompt)])
             except AdaptrackError:  # a prompt too long: each of its calls records the error
                 pass
 

@@ -68,6 +68,10 @@ class AdapTrack(Method):
     False
     """
 
+    name = "adaptrack"
+    searches = True
+    options = ("share_q", "max_backtrack", "min_backtrack_prob")
+
     #: Rows at most in the model call that opens a prefix whose parent is being crawled:
     #: the prefix and siblings fetched ahead (:meth:`_siblings_ahead`); 1 fetches none.
     #: On a CPU a row adds ~8 ms to a ~60 ms pass of the default model and nearly every

@@ -28,6 +28,9 @@ class ASAp(Method):
     1.0
     """
 
+    name = "asap"
+    searches = True
+
     independent = False  # Q is shared
 
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:

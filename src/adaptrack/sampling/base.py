@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -42,7 +43,22 @@ class Method:
     ``forces_chains``: what ``FastForward(force=None)`` means for the method: forced tokens
     are the only valid ones (the target conditioned on canonical tokenization), or chains
     are only prefilled (the target unchanged; docs/design.md §2, fast-forward).
+
+    A method declares itself to the registry (``sampling/methods.py``): its ``name``
+    (``generate``'s ``method=``), whether it ``searches`` (samples the target conditioned
+    on ending within ``max_new_tokens``, with the search budget and the CD fallback),
+    whether it is ``forward_only`` (its walks never go back: a server streams a sample
+    token by token), whether it is ``constrained`` (False: the model as it is, the
+    constraint's terminators and stop strings only end the text) and its own ``options``:
+    the :class:`~adaptrack.SamplingOptions` fields only it reads, passed to its
+    constructor as keywords.
     """
+
+    name: ClassVar[str] = ""
+    searches: ClassVar[bool] = False
+    forward_only: ClassVar[bool] = False
+    constrained: ClassVar[bool] = True
+    options: ClassVar[tuple[str, ...]] = ()
 
     independent = True
     parallel = False

@@ -22,7 +22,8 @@ class Budgets:
     no limit. Each check takes the tree's counts, for the message.
 
     Mutable: a tree reused by a later call gets that call's budgets on top of what it holds
-    (``PreparedCall.use_tree``), and the engine lifts them for a fallback.
+    (``PreparedCall.use_tree``), and the budget policy (``sampling/policy.py``) sets the
+    call budget and lifts them for a fallback.
 
     >>> b = Budgets(max_nodes=2, max_opened_bytes=1 << 20, max_seconds=None)
     >>> b.check_nodes(1); b.check_spent(nodes=1, calls=0)

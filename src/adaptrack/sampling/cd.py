@@ -41,6 +41,9 @@ class ConstrainedDecoding(Method):
     True
     """
 
+    name = "cd"
+    forward_only = True
+
     forces_chains = True  # CD conditions on its own path anyway: take the fewest calls
 
     def __init__(self, tree: PrefixTree, greedy: bool, *, tries: int = 1) -> None:

@@ -1,5 +1,7 @@
 """The engine: the one place that calls the model, serving the walks of many requests
 (prompts, methods, samples) with batched model calls (docs/design.md §4, walks).
+It consults each request's :class:`~adaptrack.sampling.policy.BudgetPolicy` for its
+budgets and the hand-over to the CD fallback.
 
 A request is one prefix tree, one method over it and ``n`` samples. Each step the engine
 lets every walk of every request run until it waits for a prefix's expansion, gathers
@@ -20,16 +22,16 @@ that each attempt reads one Q from start to end).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
-from ..errors import CallLimitError, CheckTimeoutError, SearchLimitError
 from ..lm.base import LanguageModel
 from .base import BARRIER, Method, Prefetch, Walk
-from .cd import WALK_STEPS, ConstrainedDecoding
+from .expansion import Expansion
+from .policy import BudgetPolicy
 from .tree import Node, PrefixTree
 
 
@@ -48,18 +50,19 @@ class Request:
     sample ``i`` as it finishes. ``width`` walks run at once (1: one after another, in
     order). ``error`` is set when the request failed; ``done`` once it is over either way.
 
-    ``fallback`` (docs/design.md §6): CD that draws the samples still missing when the
-    search runs past one of its budgets (a :class:`~adaptrack.SearchLimitError`), from the
+    ``policy`` (docs/design.md §6) says the budgets and when its fallback, CD, takes
+    over: when the search runs past one of its budgets (a
+    :class:`~adaptrack.SearchLimitError`) CD draws the samples still missing, from each
     sample's own random stream, ``fallback_width`` at once: a sample whose walk was in
     flight goes on from the prefix that walk had reached, the others start at the root;
     ``fell_back`` then holds that error and ``fallen`` the indices of the samples it drew.
 
-    ``share``: with a ``fallback`` and a method whose samples are independent, the model
-    rows each sample's walk may cause (a row made for a prefix it waited for or fetched
-    ahead counts, for each walk that asked for it): a walk past its share that needs one
-    more goes on as the fallback's CD walk from the prefix it had reached, alone, while
-    the other samples search on. Which samples reach their share can depend on what the
-    other walks put in the cache (the batch), never on the machine.
+    With a policy's ``share`` (a method whose samples are independent), the model rows each
+    sample's walk may cause (a row made for a prefix it waited for or fetched ahead counts,
+    for each walk that asked for it): a walk past its share that needs one more goes on as
+    the fallback's CD walk from the prefix it had reached, alone, while the other samples
+    search on. Which samples reach their share can depend on what the other walks put in
+    the cache (the batch), never on the machine.
     """
 
     tree: PrefixTree
@@ -71,16 +74,14 @@ class Request:
     error: BaseException | None = None
     done: bool = False
     started: int = 0
-    fallback: Callable[[], ConstrainedDecoding] | None = None
+    policy: BudgetPolicy = field(default_factory=BudgetPolicy)
     fallback_width: int = 1
     fell_back: BaseException | None = None
     fallen: set[int] = field(default_factory=set)
-    share: int | None = None
     #: Forward passes that held one of this request's prefixes: the passes it waited for,
     #: whatever else they carried.
     passes: int = 0
     _whole: bool = False  # the fallback took over the whole request
-    _cd: ConstrainedDecoding | None = None  # the fallback's walks of samples past their share
     _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
@@ -141,17 +142,15 @@ class Engine:
 
     def submit(self, method: Method, n: int, seed: int | None,
                on_done: Callable[[int, Node, int], None], *, width: int = 1,
-               fallback: Callable[[], ConstrainedDecoding] | None = None,
-               fallback_width: int = 1, share: int | None = None) -> Request:
-        """Queue ``n`` samples of ``method``; ``width`` of its walks run at once; a
-        ``fallback`` method finishes them if the search runs out of budget, or a sample's
-        walk past its ``share`` of model rows (:class:`Request`)."""
-        if share is not None and (fallback is None or not method.independent):
-            raise ValueError("share: for a method whose samples are independent, with a "
-                             "fallback")
+               policy: BudgetPolicy | None = None, fallback_width: int = 1) -> Request:
+        """Queue ``n`` samples of ``method``; ``width`` of its walks run at once; the
+        ``policy`` (default: no call budget, no fallback) sets the request's budgets and
+        says when the fallback finishes them (:class:`Request`)."""
+        policy = BudgetPolicy() if policy is None else policy
         method.width, method.samples = max(1, width), n
+        policy.start(method)
         req = Request(method.tree, method, n, seed, on_done, 1 if method.serial else method.width,
-                      fallback=fallback, fallback_width=max(1, fallback_width), share=share)
+                      policy=policy, fallback_width=max(1, fallback_width))
         req._streams = np.random.SeedSequence(seed).spawn(n)
         self.requests.append(req)
         return req
@@ -175,7 +174,7 @@ class Engine:
         self._fill.clear()
         for req in self.requests:
             try:
-                req.tree.check_spent()  # between model calls: each request keeps its budget
+                req.policy.check(req.tree)  # between model calls: each request its own
                 nodes, plain, heads = self._plan(req)
             except Exception as err:  # kept on the request; its owner raises it
                 self._fail(req, err)
@@ -194,43 +193,39 @@ class Engine:
 
     def _plan(self, req: Request) -> tuple[list[Node], list[Node], list[Node]]:
         """The prefixes ``req``'s walks wait for and ``PrefixTree.plan``'s split of them.
-        With a ``share``, a walk past it that needs a model row first goes on as the
-        fallback's CD walk, and each searching walk is charged the rows made for it."""
+        With a policy's ``share``, a walk past it that needs a model row first goes on as
+        the fallback's CD walk, and each searching walk is charged the rows made for it."""
         while True:
             nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
             plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
-            if req.share is None or req._whole:
+            if req.policy.share is None or req._whole:
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
-            over = [i for i, s in req._slots.items() if s.searching and s.rows >= req.share
+            over = [(i, why) for i, s in req._slots.items() if s.searching
+                    and (why := req.policy.past_share(s.rows)) is not None
                     and any(id(n) in need for n in _waited(s.waits))]
             if not over:
                 break
-            for i in over:
-                self._fall_back_one(req, i)
+            for i, why in over:
+                self._fall_back_one(req, i, why)
         for s in req._slots.values():
             if s.searching:
                 s.rows += len({id(n) for n in _waited(s.waits)} & need)
         return nodes, plain, heads
 
-    def _fall_back_one(self, req: Request, i: int) -> None:
-        """Sample ``i``'s walk spent its share: the fallback's CD walk takes it over from
-        the prefix the walk waits for, on the sample's own random stream."""
+    def _fall_back_one(self, req: Request, i: int, why: BaseException) -> None:
+        """Sample ``i``'s walk spent its share (``why``): the fallback's CD walk takes it
+        over from the prefix the walk waits for, on the sample's own random stream."""
         slot = req._slots[i]
         reached = _direct(slot.waits)
         slot.walk.close()
-        if req._cd is None:
-            assert req.fallback is not None
-            req._cd = req.fallback()
+        cd = req.policy.fallback(req.method)
         if req.fell_back is None:
-            req.fell_back = CallLimitError(
-                f"a sample's walk made {slot.rows} model calls, its share of the budget "
-                f"(search_budget x max_new_tokens, {req.share} a sample); raise "
-                "search_budget (None for no limit)")
+            req.fell_back = why
         req.fallen.add(i)
         seen: set[int] = set()
         rng = np.random.default_rng(req._streams[i])
-        walk = req._cd.walk(seen, rng, start=reached[0] if reached else None)
+        walk = cd.walk(seen, rng, start=reached[0] if reached else None)
         req._slots[i] = _Slot(walk, seen, searching=False)
         self._resume(req, i)
 
@@ -311,7 +306,7 @@ class Engine:
                     rng = np.random.default_rng(req._streams[i])
                     start = req._starts.pop(i, None)  # only the fallback's CD has starts
                     walk = (req.method.walk(seen, rng) if start is None else
-                            cast(ConstrainedDecoding, req.method).walk(seen, rng, start=start))
+                            req.policy.walk_from(req.method, seen, rng, start))
                     req._slots[i] = _Slot(walk, seen)
                     self._resume(req, i)
                 slots = req._slots.values()
@@ -337,6 +332,7 @@ class Engine:
             slot.waits = next(slot.walk)
         except StopIteration as stop:
             del req._slots[i]
+            req.policy.sample_done(req.tree, i in req.fallen)
             req.on_done(i, stop.value, len(slot.seen))
 
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
@@ -346,18 +342,10 @@ class Engine:
         for slot in req._slots.values():
             slot.walk.close()
         req._slots.clear()
-        if (fall_back and req.fallback is not None and not req._whole
-                and isinstance(err, SearchLimitError)
-                and not isinstance(err, CheckTimeoutError)):
-            # The fallback draws at most WALK_STEPS x (max_new_tokens + 1) prefixes a walk,
-            # ``tries`` walks (and as many more from where a walk in flight had reached): its
-            # own bound, so the search's budgets, spent, no longer apply to the tree.
-            tree, method = req.tree, req.fallback()
-            walks = (len(missing) + len(reached)) * method.tries
-            tree.max_seconds = tree.max_calls = None
-            tree.max_nodes = max(tree.max_nodes,
-                                 tree.num_nodes + walks * WALK_STEPS * (tree.max_new_tokens + 1))
-            req.method, req._starts = method, reached
+        if fall_back and not req._whole and req.policy.hands_over(err):
+            # Walks from the root and as many more from where a walk in flight had reached.
+            req.method = req.policy.take_over(req.method, len(missing) + len(reached))
+            req._starts = reached
             req.width = req.fallback_width
             req.fell_back, req._redo, req._whole = err, missing, True
             req.fallen.update(missing)
@@ -388,3 +376,71 @@ class Engine:
         (0,)
         """
         return {i: s.waits for i, s in req._slots.items() if isinstance(s.waits, Node)}
+
+
+# A driver outside any request (the enumeration, a server reading alternatives, a test) asks
+# the model through these, so that this module stays the one caller of the model.
+
+
+def expand_many(tree: PrefixTree, nodes: list[Node]) -> None:
+    """Expand the prefixes ``nodes`` of ``tree`` at once (forced chains fed by one more
+    call), for a driver outside any request: the enumeration, a test. Raises the tree's
+    budget errors before the call."""
+    if all(n.expansion is not None for n in nodes):
+        return
+    tree.check_spent()
+    plain, heads = tree.plan(nodes)
+    if plain:
+        tree.store(plain, tree.lm.next_logprobs([tree.prompt + n.tokens for n in plain]))
+    if heads:
+        tree.store_chains(heads, tree.lm.logprobs_along_many(
+            [(tree.prompt + h.tokens, h.pending or ()) for h in heads]))
+    tree.finish(nodes)
+
+
+def expand(tree: PrefixTree, node: Node) -> Expansion:
+    """The expansion of ``tree``'s prefix ``node``, asking the model if it is new
+    (:func:`expand_many`); never for a walk, which waits (``Method.expand``).
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
+    >>> expand(tree, tree.root).ids.tolist(), expand(tree, tree.root).p.round(2).tolist()
+    ([0, 1], [0.5, 0.25])
+    """
+    if node.expansion is None:
+        expand_many(tree, [node])
+    assert node.expansion is not None
+    return node.expansion
+
+
+def peek(tree: PrefixTree, nodes: list[Node]) -> list[Expansion]:
+    """The expansions of ``nodes``, those not in the tree made from one model call and not
+    kept (a server reading a sample's alternatives after its walk)."""
+    missing = [n for n in nodes if n.expansion is None]
+    made: dict[int, Expansion] = {}
+    if missing:
+        rows = tree.lm.next_logprobs([tree.prompt + n.tokens for n in missing])
+        made = {id(n): tree.expander.expansion(n, row)
+                for n, row in zip(missing, rows, strict=True)}
+    return [n.expansion if n.expansion is not None else made[id(n)] for n in nodes]
+
+
+def score_tokens(lm: LanguageModel, prompt: Sequence[int],
+                 tails: Sequence[Sequence[int]]) -> list[float]:
+    """log P(tail | prompt) under ``lm`` for each of ``tails``, in one batched model call.
+
+    >>> import adaptrack as at
+    >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+    >>> [round(s, 3) for s in score_tokens(lm, [], [[0], [0, 2], []])]
+    [-0.693, -2.079, 0.0]
+    """
+    rows = lm.logprobs_along_many([(tuple(prompt), tuple(t)) for t in tails])
+    return [math.fsum(float(r[i, t]) for i, t in enumerate(tail))
+            for r, tail in zip(rows, tails, strict=True)]
+
+
+def prefill(lm: LanguageModel, prompts: Sequence[Sequence[int]]) -> None:
+    """Evaluate each prompt once, so that later calls start from its kept KV state."""
+    for prompt in prompts:
+        lm.next_logprobs([tuple(prompt)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from .engine import expand
 from .tree import Node, PrefixTree
 
 
@@ -28,7 +29,7 @@ def enumerate_tree(tree: PrefixTree) -> dict[tuple[int, ...], float]:
         if node.complete:
             found[node.tokens] = node.logprob
             continue
-        exp = tree.expand(node)
+        exp = expand(tree, node)
         stack.extend(tree.child(node, int(t)) for t in exp.ids)
     if not found:
         return {}

@@ -63,7 +63,7 @@ ahead on the current Q, read-only, each to the first prefix whose expansion is n
 and those prefixes share the running attempt's pass.
 When an attempt ends Q changes only along its path, so a course followed ahead is taken
 again only from the prefixes on that path, and goes on from where its step moved. Each
-step is an exponential race keyed by the step's random number (:class:`_Draws`), which
+step is an exponential race keyed by the step's random number (:class:`Draws`), which
 keeps its winner when Q falls elsewhere and when a prefix not yet opened is opened: an
 attempt retraces the course whose calls were fetched for it, except where Q lowered that
 course's own token. Given Q each step is a draw of formula 3 (or of P at a prefix not
@@ -78,7 +78,6 @@ search by -log P over the tree (``sampling/bestfirst.py``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator
 from typing import cast
 
@@ -90,6 +89,7 @@ from .bestfirst import BestFirst
 from .draw import draw
 from .expansion import Expansion
 from .qtable import QTable
+from .races import Course, Draws
 from .tree import Node, PrefixTree
 
 
@@ -100,15 +100,19 @@ class Exact(Method):
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
     >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> from adaptrack.sampling.engine import expand_many
     >>> walk = Exact(tree, greedy=True).walk(set(), np.random.default_rng(0))
     >>> try:
     ...     while True:                # the driver's part: the model calls it waits for
     ...         asked = next(walk)     # a prefix or a tuple of them (never BARRIER here)
-    ...         tree.expand_many(list(asked) if isinstance(asked, tuple) else [asked])
+    ...         expand_many(tree, list(asked) if isinstance(asked, tuple) else [asked])
     ... except StopIteration as done:
     ...     print(done.value.tokens)          # "b" then EOS: .2 · .2 > P(ab EOS) = .6 · .2 · .2
     (1, 2)
     """
+
+    name = "exact"
+    searches = True
 
     independent = False  # Q is shared
     parallel = True  # rounds keep every attempt on one Q: exact with any number in flight
@@ -149,13 +153,13 @@ class Exact(Method):
         # becomes at the prefixes drawn from lately.
         self.serial = self.schedule == "ahead"
         self._seeds: np.random.Generator | None = None  # the attempts' seeds, in order
-        self._window: list[_Course] = []  # the running attempt, then the next ones in order
+        self._window: list[Course] = []  # the running attempt, then the next ones in order
         # Prefixes whose step Q changed since the next attempts' courses were followed:
         # they are followed only when the running attempt waits for the model (a search
         # whose prefixes are all known needs none of them).
         self._stale: set[int] = set()
         self._returned = 0  # samples accepted
-        self._draws: LRU[int, _Draws] = LRU(DRAWS_BYTES, size=lambda d: d.nbytes)
+        self._draws: LRU[int, Draws] = LRU(DRAWS_BYTES, size=lambda d: d.nbytes)
 
     def release(self) -> None:
         """The end of a round: open what its attempts saw (formula 2, §7.2.1 update), then
@@ -305,7 +309,7 @@ class Exact(Method):
             if Q.dead(root):
                 raise self.empty_language()
             if not window:
-                window.append(_Course(root, int(seeds.integers(0, 2**63))))
+                window.append(Course(root, int(seeds.integers(0, 2**63))))
             attempt, stale = window[0], self._stale
             wait = self._follow(attempt, stale)
             if wait is not None:  # the next attempts' calls share its pass
@@ -316,7 +320,7 @@ class Exact(Method):
                 span = min(self.lookahead, self.width,
                            max(missing, 1 << min(self.restarts, 30)))
                 while len(window) < span:
-                    window.append(_Course(root, int(seeds.integers(0, 2**63))))
+                    window.append(Course(root, int(seeds.integers(0, 2**63))))
                 asks = {id(wait): wait}
                 for course in window[1:span]:
                     ahead = self._follow(course, stale)
@@ -350,7 +354,7 @@ class Exact(Method):
                 return end
             self.restarts += 1
 
-    def _follow(self, course: _Course, changed: set[int]) -> Node | None:
+    def _follow(self, course: Course, changed: set[int]) -> Node | None:
         """Bring ``course`` up to date with Q: where a prefix it stepped from is in
         ``changed`` (ids), the step is taken again, and where it goes elsewhere the course
         goes on from there. The unexpanded prefix it waits for; None once it ended."""
@@ -386,14 +390,14 @@ class Exact(Method):
             if table is None or not table.opened:
                 exp = node.expansion  # pinned once opened
                 assert exp is not None
-                table = _Draws(exp, Q.weights(node))
+                table = Draws(exp, Q.weights(node))
                 self._draws.put(id(node), table)
             return self.tree.child(node, Q.token(node, table.pick(key)))
         exp = node.expansion
         if exp is None:
             return _WAIT
         if table is None or table.exp is not exp:
-            table = _Draws(exp)
+            table = Draws(exp)
             self._draws.put(id(node), table)
         i = table.pick(key)
         return None if i < 0 else self.tree.child(node, int(exp.ids[i]), exp)
@@ -414,124 +418,5 @@ SCHEDULES = ("fixed", "useful", "ahead")
 
 #: What :meth:`Exact._step` yields for a prefix whose expansion is not known yet.
 _WAIT = object()
-#: Bytes of the tables :class:`_Draws` keeps for the prefixes drawn from lately.
+#: Bytes of the tables :class:`Draws` keeps for the prefixes drawn from lately.
 DRAWS_BYTES = 64 << 20
-
-
-class _Course:
-    """One attempt of the ``ahead`` schedule as the current Q takes it: the prefixes from
-    the root (the last where it waits, or where it ended when ``ended``) and its own
-    stream of random keys, one per step (:class:`_Draws`)."""
-
-    __slots__ = ("_keys", "_rng", "ended", "path")
-
-    def __init__(self, root: Node, seed: int) -> None:
-        self.path, self.ended = [root], False
-        self._rng = np.random.default_rng(seed)
-        self._keys: list[int] = []
-
-    def key(self, depth: int) -> int:
-        """The random key of the step at ``depth``."""
-        while depth >= len(self._keys):
-            self._keys += self._rng.integers(0, 2**63, size=64).tolist()
-        return self._keys[depth]
-
-
-class _Draws:
-    """One step of the ``ahead`` schedule at one prefix: which token a random key picks.
-
-    The pick is an exponential race: each candidate j gets E_j ~ Exp(1), a hash of the key
-    and j, and the least E_j / w_j wins, with probability w_j / Σ w. At a prefix not opened
-    the candidates are the valid tokens with w = P(· | x) and one for every invalid token
-    together, of weight 1 − Σ_valid P (the proposal: -1 when it wins); at an opened prefix
-    the valid tokens with w ∝ P_Q(· | x) (``weights``, formula 3). A race keeps its winner
-    when the other weights fall and when a candidate leaves it, and Q only falls: so an
-    attempt that went from a prefix not yet opened goes the same way once it is opened,
-    unless Q lowered that very token, and one that went from an opened prefix goes the
-    same way after Q fell below its other tokens: a course followed ahead is the course
-    its attempt takes, except where Q fell on that course's own tokens. The race runs in
-    two rounds, between blocks of :data:`BLOCK` tokens by their summed weight, then within
-    the winning block (the same law): a step costs a few hundred hashes, not one per token
-    of the vocabulary (a fall inside the winner's block can then also move it).
-
-    >>> e = Expansion(np.array([0.3, 0.3, 0.4]), np.array([0, 1]))  # token 2 invalid
-    >>> free, opened = _Draws(e), _Draws(e, np.array([0.3, 0.3 * 0.5]))  # Q(x·1) halved
-    >>> picks = [(free.pick(k), opened.pick(k)) for k in range(10_000)]
-    >>> [round(sum(f == j for f, _ in picks) / 1e4, 1) for j in (0, 1, -1)]  # P, invalid
-    [0.3, 0.3, 0.4]
-    >>> round(sum(o == 1 for _, o in picks) / 1e4, 1)   # P_Q(1|x) = .15 / .45
-    0.3
-    >>> all(o == 0 for f, o in picks if f == 0)  # token 0's Q kept: its proposals kept
-    True
-    """
-
-    __slots__ = ("exp", "invalid", "opened", "over", "over_blocks")
-
-    def __init__(self, exp: Expansion, weights: np.ndarray | None = None) -> None:
-        self.exp, self.opened = exp, weights is not None
-        w = exp.p.astype(np.float64) if weights is None else np.array(weights, np.float64)
-        self.invalid = 0.0 if self.opened else max(0.0, 1.0 - float(w.sum()))
-        blocks = np.add.reduceat(w, np.arange(0, len(w), BLOCK)) if len(w) else np.zeros(0)
-        with np.errstate(divide="ignore"):  # a dead token or block: 1/0 = inf never wins
-            self.over, self.over_blocks = 1.0 / w, 1.0 / blocks
-        if len(w) <= SMALL:  # raced in Python: lists are faster than arrays this short
-            self.over = self.over.tolist()
-
-    @property
-    def nbytes(self) -> int:
-        over = self.over
-        return (over.nbytes if isinstance(over, np.ndarray) else 8 * len(over)) \
-            + self.over_blocks.nbytes
-
-    def pick(self, key: int) -> int:
-        """The position of the winning token in the expansion; -1 for an invalid one."""
-        over, n = self.over, len(self.over_blocks)
-        b = 0
-        if n > 1 or self.invalid > 0:
-            e = np.asarray(_exponentials(key, 0, n + 1))  # the last: every invalid token
-            race = e[:n] * self.over_blocks
-            b = int(np.argmin(race)) if n else -1
-            if self.invalid > 0 and (b < 0 or e[n] / self.invalid < race[b]):
-                return -1
-        key ^= _TOKENS
-        if isinstance(over, list):
-            short = _exponentials(key, 0, len(over))
-            return min(range(len(over)), key=lambda j: short[j] * over[j])
-        lo = b * BLOCK
-        tail = over[lo:lo + BLOCK]
-        return lo + int(np.argmin(np.asarray(_exponentials(key, lo, len(tail))) * tail))
-
-
-#: Tokens per block of :class:`_Draws`' first round.
-BLOCK = 256
-#: Expansions of at most this many tokens race in Python.
-SMALL = 24
-_TOKENS = 0x5851F42D4C957F2D  # keys a step's second round apart from its first
-_GOLDEN, _MIX1, _MIX2, _MASK = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
-                                (1 << 64) - 1)
-
-
-def _exponentials(key: int, start: int, count: int) -> np.ndarray | list[float]:
-    """Exp(1) variates for the indices ``start`` .. ``start + count - 1``, a fixed function
-    of ``key`` (the splitmix64 finalizer of key and index: independent for a random key);
-    a list when short (a Python loop beats arrays there)."""
-    if count <= SMALL:
-        out = []
-        for i in range(start, start + count):
-            x = ((i * _GOLDEN) & _MASK) ^ key
-            x ^= x >> 30
-            x = (x * _MIX1) & _MASK
-            x ^= x >> 27
-            x = (x * _MIX2) & _MASK
-            x ^= x >> 31
-            out.append(-math.log(((x >> 11) + 0.5) * 2.0**-53))
-        return out
-    h: np.ndarray = (np.arange(start, start + count, dtype=np.uint64) * np.uint64(_GOLDEN)
-                     ^ np.uint64(key))
-    h ^= h >> np.uint64(30)
-    h *= np.uint64(_MIX1)
-    h ^= h >> np.uint64(27)
-    h *= np.uint64(_MIX2)
-    h ^= h >> np.uint64(31)
-    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
-    return np.negative(np.log(u))

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..errors import InternalError
 from .expansion import Expansion
 from .tree import Node, PrefixTree
 
@@ -45,10 +46,11 @@ class QTable:
     >>> c = at.constraints.choice(["a", "b"]).bind(lm.vocab)
     >>> tree = PrefixTree(lm, [], c, end="eos")  # "leave" would end "a" with probability 1
     >>> Q = QTable(tree)
-    >>> _ = tree.expand(tree.root)              # the driver's model call (the engine's)
+    >>> from adaptrack.sampling.engine import expand
+    >>> _ = expand(tree, tree.root)             # the driver's model call (the engine's)
     >>> Q.open(tree.root); Q.q(tree.root)       # a and b are valid first tokens
     0.75
-    >>> a = tree.child(tree.root, 0); _ = tree.expand(a)
+    >>> a = tree.child(tree.root, 0); _ = expand(tree, a)
     >>> Q.open(a)                          # after a only EOS: .5·.25 + .25
     >>> round(Q.q(tree.root), 12)
     0.375
@@ -173,8 +175,8 @@ class QTable:
             return
         exp = node.expansion
         if exp is None:
-            raise RuntimeError("Q opens a prefix whose expansion the walk did not wait for "
-                               "(Method.expand)")
+            raise InternalError("Q opens a prefix whose expansion the walk did not wait for "
+                                "(Method.expand)")
         self.tree.pin(node)
         key = id(node)
         self._expansions[key] = exp

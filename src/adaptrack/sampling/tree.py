@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ..constraints.base import Matcher
+from ..errors import InternalError
 from ..lm.base import LanguageModel
 from .budgets import Budgets
 from .chains import Chains
@@ -58,7 +59,8 @@ class PrefixTree:
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
     >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
-    >>> tree.expand(tree.root).ids.tolist(), tree.lm_calls
+    >>> from adaptrack.sampling.engine import expand   # the engine calls the model
+    >>> expand(tree, tree.root).ids.tolist(), tree.lm_calls
     ([0, 1], 1)
     >>> tree.child(tree.root, 0).tokens
     (0,)
@@ -192,26 +194,6 @@ class PrefixTree:
         ``SearchTimeoutError`` once ``max_seconds`` have passed."""
         self.budgets.check_spent(self.nodes.count, self.lm_calls)
 
-    def expand(self, node: Node) -> Expansion:
-        """The node's expansion, calling the model if this prefix is new: for drivers (the
-        engine, the enumeration), never for a walk (walks wait: ``Method.expand``)."""
-        if node.expansion is None:
-            self.expand_many([node])
-        return node.expansion  # type: ignore[return-value]
-
-    def expand_many(self, nodes: list[Node]) -> None:
-        """Expand several prefixes with one batched model call (chains: one more)."""
-        if all(n.expansion is not None for n in nodes):
-            return
-        self.check_spent()
-        plain, heads = self.plan(nodes)
-        if plain:
-            self.store(plain, self.lm.next_logprobs([self.prompt + n.tokens for n in plain]))
-        if heads:
-            self.store_chains(heads, self.lm.logprobs_along_many(
-                [(self.prompt + h.tokens, h.pending or ()) for h in heads]))
-        self.finish(nodes)
-
     def plan(self, nodes: list[Node], *, eager: bool = True) -> tuple[list[Node], list[Node]]:
         """What the model must say for ``nodes`` to have expansions: ``(plain, heads)``, the
         prefixes that need one distribution each and the chain heads whose forced tokens
@@ -275,8 +257,8 @@ class PrefixTree:
         state = self.matcher.advance(node.state, token)
         exp = node.expansion if expansion is None else expansion
         if exp is None:
-            raise RuntimeError(f"a child of {node.tokens} before its expansion: a walk waits "
-                               "for it first (Method.expand)")
+            raise InternalError(f"a child of {node.tokens} before its expansion: a walk waits "
+                                "for it first (Method.expand)")
         if state is None or not exp.is_valid(token):
             raise ValueError(f"token {token} is not valid after {node.tokens}")
         complete = self.matcher.is_complete(state)

@@ -22,6 +22,9 @@ class Unconstrained(ConstrainedDecoding):
     False
     """
 
+    name = "unconstrained"
+    constrained = False
+
     def __init__(self, tree: PrefixTree, greedy: bool) -> None:
         """Sampling over ``tree`` (built with an ``Anything`` matcher and
         ``restrict_length=False``); ``greedy``: take the argmax (temperature 0)."""

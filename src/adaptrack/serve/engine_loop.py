@@ -38,6 +38,7 @@ from ..errors import SearchTimeoutError
 from ..generate import PreparedCall, Sample
 from ..lm.base import LanguageModel
 from ..sampling.engine import Engine, Request
+from ..sampling.methods import METHODS
 from ..sampling.tree import PrefixTree
 from .events import Choice, Delta, Done, Event, Failed, Final
 from .metrics import Metrics
@@ -52,9 +53,6 @@ SEARCH_SECONDS = 60.0
 #: Bytes a prefix node costs beyond its tokens (its object, children dict, constraint
 #: state): an estimate for :func:`tree_bytes`.
 NODE_BYTES = 400
-#: Methods whose walks never go back: a choice's prefix is final as it grows, so it can be
-#: streamed token by token while the walk runs.
-FORWARD_ONLY = ("cd", "unconstrained")
 
 
 class JobOptions(Protocol):
@@ -120,7 +118,9 @@ class Job:
     def watched(self) -> bool:
         """Whether the prefixes are read after each step to be streamed token by token
         (methods that never go back; a tool call is sent whole)."""
-        return (self.opts.method in FORWARD_ONLY and self.opts.stream
+        # A method whose walks never go back (``forward_only``): a choice's prefix is final
+        # as it grows, so it can be streamed token by token while the walk runs.
+        return (METHODS[self.opts.method].forward_only and self.opts.stream
                 and not self.opts.tool_calls)
 
 

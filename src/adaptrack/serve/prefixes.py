@@ -13,7 +13,7 @@ import codecs
 
 import numpy as np
 
-from ..sampling.expansion import Expansion
+from ..sampling.engine import peek
 from ..sampling.tree import Node, PrefixTree
 
 #: One position's top alternatives: ``(token id, log-probability)``, likeliest first.
@@ -69,7 +69,8 @@ def top_alternatives(tree: PrefixTree, node: Node, k: int, upto: int | None = No
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 0], eos=2)
     >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
-    >>> node = tree.child(tree.root, 1, tree.expand(tree.root))
+    >>> from adaptrack.sampling.engine import expand
+    >>> node = tree.child(tree.root, 1, expand(tree, tree.root))
     >>> [[(t, round(lp, 3)) for t, lp in top] for top in top_alternatives(tree, node, 2)]
     [[(0, -0.288), (1, -1.386)]]
     """
@@ -78,15 +79,8 @@ def top_alternatives(tree: PrefixTree, node: Node, k: int, upto: int | None = No
         path.append(node.parent)
         node = node.parent
     path = path[::-1][start:upto]
-    missing = [n for n in path if n.expansion is None]
-    made: dict[int, Expansion] = {}
-    if missing:
-        rows = tree.lm.next_logprobs([tree.prompt + n.tokens for n in missing])
-        made = {id(n): tree.expander.expansion(n, row)
-                for n, row in zip(missing, rows, strict=True)}
     out = []
-    for n in path:
-        exp = n.expansion if n.expansion is not None else made[id(n)]
+    for exp in peek(tree, path):
         order = np.argsort(-exp.p, kind="stable")[:k]
         out.append([(int(exp.ids[i]), float(np.log(exp.p[i]))) for i in order])
     return out

@@ -30,6 +30,7 @@ from ..generate import PreparedCall, prepare
 from ..limits import prompt_byte_limit, prompt_text, too_many_bytes
 from ..lm.base import LanguageModel
 from ..options import SEARCH_BUDGET, SamplingOptions
+from ..sampling.methods import METHODS
 from .errors import APIError, bad, error_for
 from .protocol import (
     MAX_N,
@@ -99,7 +100,7 @@ class Options:
         max_new_tokens, fast-forward (forced or prefilled, by method), and whether the walk
         is unconstrained."""
         s = self.sampling
-        unconstrained = s.method == "unconstrained"
+        unconstrained = not METHODS[s.method].constrained
         # The constraint stays in the key when unconstrained: its terminators end the walk.
         return (tuple(ids), self.constraint_key, s.temperature or 1.0, s.top_p,
                 s.max_new_tokens, None if unconstrained else s.chains(), unconstrained,

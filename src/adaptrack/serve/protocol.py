@@ -43,7 +43,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..generate import METHODS
+from ..sampling.methods import METHODS, foreign_options, owners
 from ..sampling.tree import END_POLICIES
 from .errors import show
 from .tool_protocol import ChatMessage, StructuredOutputs, Tool, ToolChoice, invalid
@@ -230,11 +230,11 @@ class BaseRequest(_Model):
                 "response_format", "guided_json")):
             raise invalid("applies to a JSON constraint (guided_json or response_format) "
                           "only", "guided_whitespace_pattern")
-        if self.method != "adaptrack":
-            for option in ("share_q", "max_backtrack"):
-                if getattr(self, option) not in (None, False):
-                    raise invalid(f"applies to decoding_method 'adaptrack' only, not "
-                                  f"'{self.method}'", option)
+        given = [o for o in ("share_q", "max_backtrack") if getattr(self, o) not in (None, False)]
+        for option in foreign_options(self.method, given):
+            them = " or ".join(f"'{m}'" for m in owners(option))
+            raise invalid(f"applies to decoding_method {them} only, not '{self.method}'",
+                          option)
         return self
 
     @property

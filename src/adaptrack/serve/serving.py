@@ -27,8 +27,9 @@ from typing import Any
 
 from .. import constraints
 from ..errors import SearchTimeoutError
-from ..generate import MAX_SECONDS, SEARCHES, PreparedCall, prepare
+from ..generate import MAX_SECONDS, PreparedCall, prepare
 from ..lm.base import LanguageModel
+from ..sampling.methods import METHODS
 from .engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES, Busy, Closing, EngineLoop, Job
 from .errors import APIError, error_for, json_text
 from .events import Delta, Done, Event, Failed, Final
@@ -236,7 +237,7 @@ class Server:
         # Only a search (asap, adaptrack, exact) has the CD fallback to answer past its
         # budget; cd and unconstrained sampling have the whole timeout.
         budgets = [self.timeout]
-        if opts.method in SEARCHES:
+        if METHODS[opts.method].searches:
             budgets.append(self.search_seconds)
         limits = [b for b in budgets if b is not None]
         calls = prepare_calls(self.lm, opts, max_seconds=min(limits, default=None),

@@ -1,0 +1,171 @@
+"""The budget policy of one request (docs/design.md §6): how many model calls its search may
+make, what a sample's share is, when the first sample is due, and when and how the CD
+fallback takes over. The engine consults it; nothing else decides these.
+
+Each rule is one method here: :meth:`BudgetPolicy.bind` (a tree's call budget),
+:meth:`~BudgetPolicy.start` (a sample's share, or the first sample's due),
+:meth:`~BudgetPolicy.sample_done` (the whole budget once the first sample came),
+:meth:`~BudgetPolicy.check` (before each model call; :meth:`~BudgetPolicy.check_search`
+while the search runs), :meth:`~BudgetPolicy.past_share`
+(one sample's walk hands over) and :meth:`~BudgetPolicy.take_over` (the whole request hands
+over, with the tree's budgets lifted for CD). A new rule (an earlier hand-over) is written
+here, once.
+
+>>> BudgetPolicy.request_calls(192.0, 2), BudgetPolicy().max_calls is None
+(384, True)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import numpy as np
+
+from ..errors import CallLimitError, CheckTimeoutError, SearchLimitError
+from .base import Method, Walk
+from .budgets import CALLS_RULE, FIRST_SAMPLE_RULE
+from .cd import WALK_STEPS, ConstrainedDecoding
+from .tree import Node, PrefixTree
+
+#: A short request's budget counts this many tokens a sample (the default max_new_tokens):
+#: calls that few are cheap, and an exact sample of a regex or a small JSON object needs tens
+#: to a few hundred.
+SEARCH_TOKENS = 64
+
+
+class BudgetPolicy:
+    """The budgets of a request of ``n`` samples: ``sample_calls`` model calls a sample
+    (None: no call budget), and the CD fallback with ``fallback_tries`` walks a sample
+    (None: no fallback; a spent budget is the request's error).
+
+    Where a method's samples are independent, each sample's walk has its own ``share`` of
+    model rows and hands over alone past it; where n > 1 samples share one Q, the first is
+    due within (n + 1) / 2 shares and the request's whole budget applies once it came.
+    """
+
+    def __init__(self, *, sample_calls: float | None = None, n: int = 1,
+                 fallback_tries: int | None = None) -> None:
+        self.sample_calls, self.n, self.fallback_tries = sample_calls, n, fallback_tries
+        #: Model rows each sample's walk may cause (``Request.share``), or None.
+        self.share: int | None = None
+        self._held: int | None = None  # the whole call budget, while the first sample is due
+        self._cd: ConstrainedDecoding | None = None  # the walks of samples past their share
+        #: False once the fallback took the whole request over.
+        self.searching = True
+
+    @classmethod
+    def for_search(cls, search_budget: float | None, max_new_tokens: int, n: int, *,
+                   fallback_tries: int | None) -> BudgetPolicy:
+        """The policy of a search of ``n`` samples: ``search_budget`` x ``max_new_tokens``
+        model calls a sample, the tokens counted as at least :data:`SEARCH_TOKENS` (None:
+        no call budget).
+
+        >>> BudgetPolicy.for_search(3.0, 10, 2, fallback_tries=4).max_calls   # 3 x 64 x 2
+        384
+        """
+        share = None if search_budget is None else search_budget * max(max_new_tokens,
+                                                                        SEARCH_TOKENS)
+        return cls(sample_calls=share, n=n, fallback_tries=fallback_tries)
+
+    @staticmethod
+    def request_calls(sample_calls: float | None, n: int) -> int | None:
+        """The model calls a request of ``n`` samples may make: ``n`` shares (at least 1)."""
+        return None if sample_calls is None else max(1, math.ceil(sample_calls * n))
+
+    @property
+    def max_calls(self) -> int | None:
+        """The request's call budget (:meth:`request_calls`)."""
+        return self.request_calls(self.sample_calls, self.n)
+
+    @property
+    def falls_back(self) -> bool:
+        return self.fallback_tries is not None
+
+    def bind(self, tree: PrefixTree) -> None:
+        """Give ``tree`` the request's call budget on top of the calls it already made (a
+        tree reused from an earlier call)."""
+        calls = self.max_calls
+        tree.max_calls = None if calls is None else tree.lm_calls + calls
+
+    def start(self, method: Method) -> None:
+        """The request starts: with the fallback, a sample's share replaces the request's
+        budget where samples are independent (one walk that crawls no longer spends the
+        others' calls); where n > 1 share one Q, the first sample is due within (n + 1) / 2
+        shares (docs/design.md §6)."""
+        tree, calls = method.tree, self.sample_calls
+        if not self.falls_back or calls is None:
+            return
+        if method.independent:
+            self.share, tree.max_calls = max(1, math.ceil(calls)), None
+        elif self.n > 1 and tree.max_calls is not None:
+            self._held = held = tree.max_calls
+            whole = self.max_calls
+            assert whole is not None
+            tree.max_calls = held - whole + math.ceil(calls * (self.n + 1) / 2)
+            tree.budgets.calls_rule = FIRST_SAMPLE_RULE
+
+    def sample_done(self, tree: PrefixTree, fell: bool) -> None:
+        """A sample finished (``fell``: the fallback drew it): the first the method drew
+        gives the request its whole budget back."""
+        if self._held is not None and not fell and tree.max_calls is not None:
+            tree.max_calls, self._held = self._held, None
+            tree.budgets.calls_rule = CALLS_RULE
+
+    def check(self, tree: PrefixTree) -> None:
+        """Before each of the request's model calls: the ``SearchLimitError`` of a spent
+        budget, which hands the request over (:meth:`hands_over`); while the search runs,
+        that of :meth:`check_search` too."""
+        tree.check_spent()
+        if self.searching:
+            self.check_search(tree)
+
+    def check_search(self, tree: PrefixTree) -> None:
+        """A rule that hands the search over before its budgets are spent raises its own
+        ``SearchLimitError`` here, with a message naming the rule: none by default."""
+
+    def past_share(self, rows: int) -> CallLimitError | None:
+        """Why a sample's walk that caused ``rows`` model rows and needs one more hands over
+        to the fallback, or None while it may go on."""
+        if self.share is None or rows < self.share:
+            return None
+        return CallLimitError(
+            f"a sample's walk made {rows} model calls, its share of the budget "
+            f"(search_budget x max_new_tokens, {self.share} a sample); raise "
+            "search_budget (None for no limit)")
+
+    def fallback(self, method: Method) -> ConstrainedDecoding:
+        """The CD that draws a sample past its share, on ``method``'s tree (one for the
+        request)."""
+        if self._cd is None:
+            self._cd = self._new_cd(method)
+        return self._cd
+
+    def hands_over(self, err: BaseException) -> bool:
+        """Whether ``err`` hands the whole request to the fallback: a spent search budget
+        (not a constraint check's timeout, which CD would meet again)."""
+        return (self.falls_back and isinstance(err, SearchLimitError)
+                and not isinstance(err, CheckTimeoutError))
+
+    def take_over(self, method: Method, walks: int) -> ConstrainedDecoding:
+        """The CD that draws the request's missing samples, ``walks`` of them from the root
+        or where a walk had reached. Its own bound applies: at most WALK_STEPS x
+        (max_new_tokens + 1) prefixes a walk, ``tries`` walks each; the search's budgets,
+        spent, no longer apply to the tree."""
+        cd, tree = self._new_cd(method), method.tree
+        self.searching = False
+        tree.max_seconds = tree.max_calls = None
+        tree.max_nodes = max(tree.max_nodes, tree.num_nodes
+                             + walks * cd.tries * WALK_STEPS * (tree.max_new_tokens + 1))
+        return cd
+
+    @staticmethod
+    def walk_from(method: Method, seen: set[int], rng: np.random.Generator,
+                  start: Node) -> Walk:
+        """The fallback's walk of a sample from ``start``, where its search's walk had
+        reached (``method``: a fallback this policy made)."""
+        return cast(ConstrainedDecoding, method).walk(seen, rng, start=start)
+
+    def _new_cd(self, method: Method) -> ConstrainedDecoding:
+        assert self.fallback_tries is not None
+        return ConstrainedDecoding(method.tree, method.greedy, tries=self.fallback_tries)
