@@ -42,10 +42,10 @@ def default_vocab() -> Vocabulary:
     import transformers
 
     from adaptrack.lm.default import default_gguf
-    from adaptrack.lm.load import _converted_gguf
+    from adaptrack.lm.load import converted_gguf
     from adaptrack.tokenization.hf import vocabulary
 
-    path = str(_converted_gguf(default_gguf(download=False)))
+    path = str(converted_gguf(default_gguf(download=False)))
     config = transformers.AutoConfig.from_pretrained(path)
     return vocabulary(transformers.AutoTokenizer.from_pretrained(path), config.vocab_size,
                       config)

@@ -225,7 +225,7 @@ def main() -> None:
     if "everyday" in workloads:
         from everyday import requests  # benchmarks/everyday.py
 
-        from adaptrack.serve.protocol import hf_chat_template
+        from adaptrack.serve.preprocess import hf_chat_template
 
         chat = hf_chat_template(lm)
         reqs = [r for r in requests(False) if not r.maskbench]

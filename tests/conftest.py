@@ -16,10 +16,10 @@ def default_vocab() -> Vocabulary:
     """
     transformers = pytest.importorskip("transformers", reason="the default model's tokenizer")
     from adaptrack.lm.default import default_gguf
-    from adaptrack.lm.load import _converted_gguf
+    from adaptrack.lm.load import converted_gguf
     from adaptrack.tokenization.hf import vocabulary
 
-    path = str(_converted_gguf(default_gguf()))
+    path = str(converted_gguf(default_gguf()))
     config = transformers.AutoConfig.from_pretrained(path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     return vocabulary(tokenizer, config.vocab_size, config)

@@ -13,7 +13,8 @@ import uvicorn
 
 import adaptrack as at
 from adaptrack.cli.serve import listen
-from adaptrack.serve import Server, create_app
+from adaptrack.serve.app import create_app
+from adaptrack.serve.serving import Server
 
 
 def chat_template(messages: list[dict[str, str]]) -> str:

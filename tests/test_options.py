@@ -17,7 +17,7 @@ from adaptrack.cli.common import add_sampling_arguments, sampling_argv, sampling
 from adaptrack.generate import prepare
 from adaptrack.options import MAX_SECONDS, METHODS, SamplingOptions
 from adaptrack.sampling.engine import Engine
-from adaptrack.serve import parse
+from adaptrack.serve.preprocess import parse
 
 LM = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
 BITS = at.constraints.choice(["00000"] + [f"1{i:04b}" for i in range(16)])

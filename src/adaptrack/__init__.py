@@ -9,7 +9,7 @@
 ['b']
 """
 
-from . import constraints, metrics
+from . import constraints
 from .errors import (
     AdaptrackError,
     BackendError,
@@ -28,6 +28,7 @@ from .errors import (
     TokenizerError,
     TreeLimitError,
 )
+from .eval import metrics
 from .generate import (
     MAX_SECONDS,
     METHODS,

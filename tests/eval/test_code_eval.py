@@ -18,8 +18,9 @@ from adaptrack import constraints
 from adaptrack.cli import main
 from adaptrack.errors import ResultsMismatchError, SandboxUnavailableError
 from adaptrack.eval import codetask, humaneval, mbpp, runner, sandbox
+from adaptrack.eval.codespec import code_scores
 from adaptrack.eval.codetask import STOP, CodeProblem, CodeTask, accepts_text, cut_at_stop
-from adaptrack.eval.report import code_scores, report
+from adaptrack.eval.report import report
 
 MBPP_DIR = SHARED / "data" / "mbpp"
 

@@ -16,7 +16,7 @@ pytest.importorskip("llguidance", reason="the DSL grammars run on llguidance")
 
 import adaptrack as at
 from adaptrack.cli import main
-from adaptrack.eval import dsl, report, runner
+from adaptrack.eval import dsl, dslreport, report, runner
 
 DSL_DIR = SHARED / "data" / "dsl"
 BITS = ('root ::= s\ns ::= "00000" | "1" b b b b\nb ::= Zero | "1"\nZero ::= "0"')
@@ -50,7 +50,7 @@ def test_study_on_an_exact_model(tmp_path: Path) -> None:
         "binary_1/target", "binary_1/cd", "binary_1/adaptrack", "binary_1/exact"]
     path = tmp_path / "r.jsonl"
     runner.run(task, path)
-    s = report.dsl_scores(runner.read_results(path)[1])
+    s = dslreport.dsl_scores(runner.read_results(path)[1])
     assert s["common"] == ["cp_1", "binary_1"] and s["datasets"] == ["cp", "binary"]
     cells = s["cells"]["binary_1"]
     assert cells["cd"]["exact_kl"] > 0.4

@@ -21,7 +21,7 @@ from paths import RESULTS
 
 import adaptrack as at
 from adaptrack.cli import main
-from adaptrack.eval import binary, report, runner, tfv1
+from adaptrack.eval import apireport, binary, report, runner, tables, tfv1
 from adaptrack.eval.tfapi import tensorflow_api_names
 
 SEED_A_CD_V1 = 471090191401584496
@@ -314,7 +314,7 @@ def test_seed_for_is_stable_and_distinct():
 def test_wall_seconds_counts_overlaps_once():
     rows = [{"started_at": 0, "finished_at": 10}, {"started_at": 5, "finished_at": 12},
             {"started_at": 100, "finished_at": 101}, {"key": "old record"}]
-    assert report.wall_seconds(rows) == 13
+    assert tables.wall_seconds(rows) == 13
 
 
 
@@ -539,7 +539,7 @@ def test_tfv1_task_records(tfv1_run):
 
 def test_tfv1_report(tfv1_run, tmp_path):
     path, _, _, _ = tfv1_run
-    s = report.tfv1_scores(runner.read_results(path)[1])
+    s = apireport.tfv1_scores(runner.read_results(path)[1])
     assert s["problems"] == 1 and s["n"] == 4
     assert s["cells"][("cd", "v1")]["em"][1] == 1.0
     assert set(s["cells"][("cd", "v1")]["em"]) == {1, 3}  # EM@k only for k <= n
@@ -559,7 +559,7 @@ def _row(p, m, greedy=".a", samples=(".a", ".b", ".b", ".b"), calls=(1, 3, 5, 3)
 def test_report_arithmetic_table1_and_table5():
     rows = [_row("x", "cd"), _row("y", "cd", greedy=".b", calls=(5, 9, 10, 12)),
             _row("x", "exact"), _row("y", "exact", samples=[".b"] * 4)]
-    s = report.tfv1_scores(rows)
+    s = apireport.tfv1_scores(rows)
     cd, exact = s["cells"][("cd", "v1")], s["cells"][("exact", "v1")]
     assert cd["em"][1] == 0.5 and exact["em"][1] == 1.0
     assert set(cd["em"]) == {1, 3}  # EM@k only for k <= n = 4
@@ -572,7 +572,7 @@ def test_report_arithmetic_table1_and_table5():
 def test_report_scores_errors_as_misses():
     rows = [_row("x", "cd"), _row("y", "cd"), _row("x", "exact"),
             {**_row("y", "exact"), "error": "TreeLimitError: too big"}]
-    s = report.tfv1_scores(rows)
+    s = apireport.tfv1_scores(rows)
     assert s["problems"] == 2 and s["errors"] == {("exact", "v1"): 1}
     assert s["cells"][("exact", "v1")]["em"][1] == 0.5
     assert s["cells"][("exact", "v1")]["calls"][0] == 3  # from the finished job only
@@ -581,7 +581,7 @@ def test_report_scores_errors_as_misses():
 
 def test_report_counts_only_problems_every_method_has(tmp_path):
     rows = [_row(p, m) for p, m in [("x", "cd"), ("x", "exact"), ("y", "cd")]]
-    s = report.tfv1_scores(rows)
+    s = apireport.tfv1_scores(rows)
     assert s["problems"] == 1 and s["dropped"] == 1
     # a gzipped results file reads the same
     gz = tmp_path / "r.jsonl.gz"
@@ -600,7 +600,7 @@ def test_binary_study_on_a_uniform_model(tmp_path):
     task._lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
     path = tmp_path / "b.jsonl"
     runner.run(task, path)
-    s = report.binary_scores(runner.read_results(path)[1])
+    s = binary.binary_scores(runner.read_results(path)[1])
     assert len(s["target"]) == 17
     assert all(abs(p - 1 / 17) < 1e-12 for p in s["target"].values())
     m = s["methods"]
@@ -621,8 +621,8 @@ def test_binary_study_on_a_uniform_model(tmp_path):
 def test_iid_kl_matches_the_asymptotic_formula():
     target = {i: 1 / 17 for i in range(17)}
     # E[KL] ≈ (K − 1)/(2n) for n large; 2000 simulations, so the mean is within ~3 %
-    assert abs(report.iid_kls(target, 2000, reps=2000).mean() - 16 / 4000) < 0.0004
-    assert math.isclose(report.iid_kls(target, 10**9, reps=3).max(), 0, abs_tol=1e-7)
+    assert abs(tables.iid_kls(target, 2000, reps=2000).mean() - 16 / 4000) < 0.0004
+    assert math.isclose(tables.iid_kls(target, 10**9, reps=3).max(), 0, abs_tol=1e-7)
 
 
 def test_tfv1_task_rejects_bad_options():

@@ -33,21 +33,6 @@ def test_docstring_examples_run() -> None:
     assert result.failed == 0
 
 
-def test_adaptrack_metrics_is_an_alias_of_eval_metrics() -> None:
-    import importlib
-    import warnings
-
-    import adaptrack.metrics as old
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the alias is quiet: no DeprecationWarning
-        importlib.reload(old)
-
-    for name in [*metrics.__all__, "kl_to_lm", "LogProb"]:
-        assert getattr(old, name) is getattr(metrics, name), name
-    assert old.__all__ == metrics.__all__
-
-
 # --------------------------------------------------------------------------------------------
 # pass@k / EM@k
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from test_eval import _intent_model
 
 from adaptrack.cli import main
 from adaptrack.errors import ResultsMismatchError
-from adaptrack.eval import report, runner, tfv1
+from adaptrack.eval import apireport, report, runner, tfv1
 
 TEMPS = [0.5, 1.0]
 BACKS = [0, None]
@@ -133,7 +133,7 @@ def test_sweep_scores_use_the_samples_for_em1():
                 "max_backtrack": b}
     rows = [row("cd", 0.5, [".a"] * 4), row("cd", 1.0, [".a", ".b", ".b", ".b"])]
     header = {"task": "tfv1", "temperature": [0.5, 1.0]}
-    temps, backs, base_t, base_b = report.sweep_points(header, rows)
+    temps, backs, base_t, base_b = apireport.sweep_points(header, rows)
     assert (temps, backs, base_t, base_b) == ([0.5, 1.0], [None], 1.0, None)
     text = report.tfv1_report(header, rows)
     assert "| Constrained decoding (v1) | 1 | 100.00% | 25.00% |" in text

@@ -649,11 +649,11 @@ def test_a_conversion_that_another_worker_finished_first_is_used(tmp_path, monke
 
     monkeypatch.setattr(load, "_publish", another_worker_first)
     if other_finished:
-        out = load._converted_gguf(gguf)
+        out = load.converted_gguf(gguf)
         assert (out / "config.json").exists() and not (out / "tokenizer.json").exists()
     else:
         with pytest.raises(OSError, match="not empty"):
-            load._converted_gguf(gguf)
+            load.converted_gguf(gguf)
     converted = tmp_path / "cache" / "converted"
     assert [p.name for p in converted.iterdir() if ".tmp" in p.name] == []
 

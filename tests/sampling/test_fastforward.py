@@ -94,9 +94,9 @@ def default_tokenizer() -> Tokenizer:
     """The default model's tokenizer, from its converted directory (as ``default_vocab``)."""
     pytest.importorskip("transformers", reason="the default model's tokenizer")
     from adaptrack.lm.default import default_gguf
-    from adaptrack.lm.load import _converted_gguf
+    from adaptrack.lm.load import converted_gguf
 
-    return Tokenizer.from_file(_converted_gguf(default_gguf()))
+    return Tokenizer.from_file(converted_gguf(default_gguf()))
 
 
 def test_llama3_vocabulary(llama3: Tokenizer) -> None:

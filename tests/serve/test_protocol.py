@@ -13,10 +13,10 @@ pytest.importorskip("pydantic")
 
 import adaptrack as at
 from adaptrack.cli.common import constraint_spec as cli_spec
-from adaptrack.serve import APIError, parse
+from adaptrack.serve import APIError
 from adaptrack.serve.constraint_spec import ConstraintSpec
 from adaptrack.serve.events import Choice, Done
-from adaptrack.serve.preprocess import constraint_spec
+from adaptrack.serve.preprocess import constraint_spec, parse
 from adaptrack.serve.protocol import ChatCompletionRequest, CompletionRequest
 from adaptrack.serve.responses import chunk_body, response_body
 from adaptrack.serve.validation import validate
@@ -207,11 +207,3 @@ def test_chat_lengths_agree_and_top_logprobs_need_logprobs():
                                                "stream": True,
                                                "stream_options": {"include_usage": True}})
     assert ok.include_usage
-
-
-def test_names_moved_out_of_the_module_stay_importable_from_it():
-    from adaptrack.serve import errors, preprocess, protocol
-
-    assert protocol.parse is preprocess.parse and protocol.APIError is errors.APIError
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        protocol.nothing  # noqa: B018

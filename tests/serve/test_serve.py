@@ -39,7 +39,7 @@ import adaptrack as at  # noqa: E402
 from adaptrack.cli.serve import listen  # noqa: E402
 from adaptrack.constraints import with_stop  # noqa: E402
 from adaptrack.eval.codetask import cut_at_stop  # noqa: E402
-from adaptrack.serve import create_app  # noqa: E402
+from adaptrack.serve.app import create_app  # noqa: E402
 from adaptrack.serve.protocol import MAX_N  # noqa: E402
 
 # -- a toy model: printable ASCII, a few longer tokens, EOS; weights depend on context ------
@@ -814,8 +814,9 @@ def test_a_request_cancelled_while_it_waits_for_admission_is_never_run():
     """A client that leaves while the engine is inside a model call: the request is
     cancelled and admitted in the same turn. It must not run, keep a slot, nor keep the
     engine thread from stopping."""
-    from adaptrack.serve import EngineLoop, parse, prepare_calls
+    from adaptrack.serve import EngineLoop
     from adaptrack.serve.events import Done, Failed
+    from adaptrack.serve.preprocess import parse, prepare_calls
 
     prefixes: list[tuple[int, ...]] = []
 

@@ -24,7 +24,8 @@ from stats import chi_square_p  # noqa: E402
 
 import adaptrack as at  # noqa: E402
 from adaptrack.sampling.engine import expand  # noqa: E402
-from adaptrack.serve import APIError, parse  # noqa: E402
+from adaptrack.serve import APIError  # noqa: E402
+from adaptrack.serve.preprocess import parse  # noqa: E402
 from adaptrack.serve.tool_protocol import Tool  # noqa: E402
 from adaptrack.serve.tools import tool_spec  # noqa: E402
 

@@ -73,6 +73,12 @@ def host_names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_model_arguments(parser)
+    _add_server_arguments(parser)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model the server loads, and how."""
     parser.add_argument("--model", metavar="SPEC",
                         help="a .gguf path, a Hugging Face model id or a local model directory "
                              "(default: the default model, see `adaptrack setup`)")
@@ -88,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a CPU)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="CPU threads for the model (default: the backend's)")
+
+
+def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the server listens, whom it answers and how much it takes on."""
     parser.add_argument("--host", default="127.0.0.1", type=utf8_text,
                         help="address to listen on (default: 127.0.0.1, this machine only; "
                              "0.0.0.0 for every interface)")
@@ -184,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..serve import create_app
+        from ..serve.app import create_app
     except ImportError as err:
         raise UsageError(f"adaptrack serve needs the serve extra: pip install "
                          f"'adaptrack[serve]' ({err})") from None

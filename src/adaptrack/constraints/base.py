@@ -10,15 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..cache import LRU
 from ..tokenization.vocab import Vocabulary
-
-if TYPE_CHECKING:
-    from .anything import Anything as Anything
 
 State = Hashable
 
@@ -261,12 +257,3 @@ class Constraint(ABC):
     @abstractmethod
     def bind(self, vocab: Vocabulary) -> Matcher: ...
 
-
-def __getattr__(name: str) -> type[Anything]:
-    # ``Anything`` lives in constraints/anything.py, which imports this module; the name
-    # stays importable from here for code written against it.
-    if name == "Anything":
-        from .anything import Anything
-
-        return Anything
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GrammarError
-from .grammar.sources import Grammar, _check, _source
+from .grammar.sources import Grammar, check_source, source_text
 
 KIND = "transformers-CFG EBNF"
 
@@ -269,7 +269,7 @@ def ebnf_to_lark(text: str, start: str = "root") -> str:
         | "(" r1_start ")"
     <BLANKLINE>
     """
-    _source(KIND, text)
+    source_text(KIND, text)
     if not isinstance(start, str):
         raise TypeError(f"start must be a str, got {type(start).__name__}")
     rules, order = _parse(text)
@@ -296,5 +296,5 @@ def ebnf(text: str, start: str = "root") -> Grammar:
     (True, False)
     """
     converted = ebnf_to_lark(text, start)
-    _check(KIND, converted)
+    check_source(KIND, converted)
     return Grammar(KIND, converted)

@@ -129,7 +129,7 @@ def _name(pred: Predicate, check: Check) -> str:
     return f"{role} ({name})"
 
 
-def _decode(data: bytes) -> tuple[str, bool] | None:
+def decode_utf8(data: bytes) -> tuple[str, bool] | None:
     """``data`` as text, and whether it ends on a whole character; ``None``: invalid UTF-8."""
     try:
         return data.decode("utf-8"), True
@@ -192,13 +192,13 @@ class PredicateMatcher(Matcher):
             if b in self.terminators:
                 return DONE if self._complete(state + data[: k + 1], token, state) else None
         text = state + data
-        decoded = _decode(text)
+        decoded = decode_utf8(text)
         if decoded is None or not self._ask(self.p.prefix_ok, decoded[0], state, token):
             return None
         return text
 
     def _complete(self, data: bytes, token: int, state: bytes | None = None) -> bool:
-        decoded = _decode(data)
+        decoded = decode_utf8(data)
         if decoded is None or not decoded[1]:
             return False
         return self._ask(self.p.is_complete, decoded[0], data if state is None else state, token)

@@ -21,12 +21,12 @@ from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, Check, fields
 from .jobs import Job, Record
 from .modeltask import ModelTask, check_methods, seed_for
 from .sweeps import (
-    _backtrack_ok,
-    _temperature_ok,
     backtrack_label,
+    backtrack_ok,
     parse_backtracks,
     parse_temperatures,
     sweep_values,
+    temperature_ok,
 )
 from .taskspec import Option, methods_option
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names
@@ -42,7 +42,7 @@ SETTINGS = ("v1", "v2")
 _NESTED_COPIES = ("compat.v1.compat.v1", "compat.v1.compat.v2")
 
 
-def _is_nested_copy(name: str) -> bool:
+def is_nested_copy(name: str) -> bool:
     return any(name == c or name.startswith(c + ".") for c in _NESTED_COPIES)
 
 
@@ -57,7 +57,7 @@ def setting_names(setting: str, version: str = DEFAULT_VERSION) -> tuple[str, ..
         return tuple(names)
     if setting == "v1":
         return tuple(sorted(n.removeprefix(V1) for n in names
-                            if n.startswith(V1) and not _is_nested_copy(n)))
+                            if n.startswith(V1) and not is_nested_copy(n)))
     raise ValueError(f"unknown TFv1 setting {setting!r}; choose one of {', '.join(SETTINGS)}")
 
 
@@ -147,8 +147,8 @@ class ApiTask(ModelTask):
             raise ValueError("give at least one setting")
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
-        self.temperatures = sweep_values(self.temperature, "temperature", _temperature_ok)
-        self.backtracks = sweep_values(self.max_backtrack, "max_backtrack", _backtrack_ok)
+        self.temperatures = sweep_values(self.temperature, "temperature", temperature_ok)
+        self.backtracks = sweep_values(self.max_backtrack, "max_backtrack", backtrack_ok)
         if self.backtracks != (None,) and "adaptrack" not in self.methods:
             raise ValueError("max_backtrack applies to the adaptrack method only; add it to "
                              f"methods (got {', '.join(self.methods)})")

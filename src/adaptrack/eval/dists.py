@@ -29,7 +29,7 @@ class TFv1RealDataError(AdaptrackError):
     """A package of TFv1Real's list could not be downloaded or read."""
 
 
-_REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
+REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
 
 
 def packages_file() -> Path:
@@ -53,7 +53,7 @@ def read_packages(path: str | Path | None = None) -> tuple[str, ...]:
     out: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         for word in line.split("#", 1)[0].split():
-            if not _REQUIREMENT.fullmatch(word):
+            if not REQUIREMENT.fullmatch(word):
                 raise ValueError(f"packages: {where} line {number} has {word!r}; each entry "
                                  "is name==version")
             if word not in out:
@@ -86,7 +86,7 @@ def cached_dist(requirement: str, download: bool = True) -> Path:
     "dists"``, fetched with ``pip download --no-deps`` on first use (options tried in
     turn: :func:`_pip_attempts`). Raises :class:`TFv1RealDataError` with pip's last line
     when no attempt gives a file."""
-    match = _REQUIREMENT.fullmatch(requirement)
+    match = REQUIREMENT.fullmatch(requirement)
     if match is None:
         raise ValueError(f"requirement must be name==version, got {requirement!r}")
     where = cache_dir() / "dists" / f"{_canonical(match[1])}-{match[2]}"
@@ -200,7 +200,7 @@ def license_of(metadata: str) -> str:
     return text[:100] if text and text.upper() not in ("UNKNOWN", "NONE") else "unknown"
 
 
-def _text(data: bytes) -> str | None:
+def decoded_text(data: bytes) -> str | None:
     """A source file's text (PEP 263 encoding, UTF-8 by default), or None if it is not text."""
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)

@@ -11,8 +11,8 @@ Two families of metrics are provided:
   samples, as in the paper's Figure 4).
 
 All KL divergences are in nats. They live in :mod:`adaptrack.eval.kl`, pass@k in
-:mod:`adaptrack.eval.passk`; this module gathers them (and ``adaptrack.metrics`` is an alias
-of it). They depend only on NumPy and the standard library.
+:mod:`adaptrack.eval.passk`; this module gathers them (``at.metrics`` at the top level).
+They depend only on NumPy and the standard library.
 
 Example:
     >>> round(pass_at_k(n=10, c=3, k=1), 6)

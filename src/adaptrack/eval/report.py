@@ -5,7 +5,7 @@ A results file's header names its task; the task's declaration
 (:mod:`~adaptrack.eval.apireport`: Tables 1, 2 and 5, the sweeps' Figures 5 and 7), binary
 (:mod:`~adaptrack.eval.binary`: Table 4's exact and sample KL, Figure 4), DSL
 (:mod:`~adaptrack.eval.dslreport`: Table 4 per dataset, Figure 4) and HumanEval and MBPP
-(:mod:`~adaptrack.eval.codespec`: Table 3). The names below stay importable from here.
+(:mod:`~adaptrack.eval.codespec`: Table 3).
 """
 
 from __future__ import annotations
@@ -18,33 +18,11 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from . import registry
-from .apireport import API_TASKS as API_TASKS
-from .apireport import SWEEP_KS as SWEEP_KS
-from .apireport import api_report
-from .apireport import records_at as records_at
-from .apireport import sweep_points as sweep_points
-from .apireport import tfv1_scores as tfv1_scores
-from .binary import binary_report as binary_report
-from .binary import binary_scores as binary_scores
-from .codespec import CODE_KS as CODE_KS
-from .codespec import CODE_TASKS as CODE_TASKS
-from .codespec import code_report as code_report
-from .codespec import code_scores as code_scores
-from .dslreport import DSL_COLUMNS as DSL_COLUMNS
-from .dslreport import dsl_report as dsl_report
-from .dslreport import dsl_scores as dsl_scores
-from .dslreport import excess_kl as excess_kl
+from .apireport import API_TASKS, api_report
 from .jobs import Record
 from .runner import read_results
-from .sweeps import backtrack_label as backtrack_label
-from .tables import KS as KS
-from .tables import METHOD_NAMES as METHOD_NAMES
-from .tables import METHOD_ORDER as METHOD_ORDER
-from .tables import iid_kls as iid_kls
-from .tables import wall_seconds as wall_seconds
 
-__all__ = ["binary_report", "binary_scores", "code_report", "code_scores", "dsl_report",
-           "dsl_scores", "report", "tfv1_report", "tfv1_scores"]
+__all__ = ["report", "tfv1_report"]
 
 
 def report(path: str | os.PathLike[str], plots: str | os.PathLike[str] | None = None,

@@ -2,7 +2,7 @@
 list of temperatures and of AdapTrack's ``max_backtrack``, checked, parsed from the command
 line and written in keys and reports.
 
->>> sweep_values([0.5, 1.0], "temperature", _temperature_ok)
+>>> sweep_values([0.5, 1.0], "temperature", temperature_ok)
 (0.5, 1.0)
 >>> backtrack_label(None), backtrack_label(4)
 ('unlimited', '4')
@@ -38,12 +38,12 @@ SWEEP_WORDS = {
 }
 
 
-def _temperature_ok(t: Any) -> bool:
+def temperature_ok(t: Any) -> bool:
     return (isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
             and t > 0)
 
 
-def _backtrack_ok(b: Any) -> bool:
+def backtrack_ok(b: Any) -> bool:
     return b is None or (isinstance(b, int) and not isinstance(b, bool) and b >= 0)
 
 
@@ -65,7 +65,7 @@ def parse_temperatures(text: str) -> list[float]:
     >>> parse_temperatures("0.1,0.5,1")
     [0.1, 0.5, 1.0]
     """
-    return _parse_list(text, float, _temperature_ok, "comma-separated finite numbers > 0")
+    return _parse_list(text, float, temperature_ok, "comma-separated finite numbers > 0")
 
 
 def parse_backtracks(text: str) -> list[int | None]:
@@ -74,7 +74,7 @@ def parse_backtracks(text: str) -> list[int | None]:
     >>> parse_backtracks("1,2,4,8,unlimited")
     [1, 2, 4, 8, None]
     """
-    return _parse_list(text, lambda v: None if v == "unlimited" else int(v), _backtrack_ok,
+    return _parse_list(text, lambda v: None if v == "unlimited" else int(v), backtrack_ok,
                        "comma-separated integers >= 0 or 'unlimited'")
 
 

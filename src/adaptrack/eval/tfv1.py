@@ -54,7 +54,7 @@ from .apitask import SETTINGS as SETTINGS
 from .apitask import V1 as V1
 from .apitask import ApiProblem as ApiProblem
 from .apitask import ApiTask as ApiTask
-from .apitask import _is_nested_copy, api_options, api_record
+from .apitask import api_options, api_record, is_nested_copy
 from .apitask import api_text as api_text
 from .apitask import setting_constraint as setting_constraint
 from .apitask import setting_names as setting_names
@@ -99,7 +99,7 @@ def filter_v1_only(names: list[str]) -> list[str]:
     ...                 "compat.v1.compat.v1.placeholder"])
     ['compat.v1.app.run', 'compat.v1.placeholder']
     """
-    v1 = [n for n in names if n.startswith(V1) and not _is_nested_copy(n)]
+    v1 = [n for n in names if n.startswith(V1) and not is_nested_copy(n)]
     v2_last_parts = {n.rsplit(".", 1)[-1] for n in names
                      if not n.startswith((V1, "compat.v2.")) and n not in ("compat.v1",
                                                                             "compat.v2")}

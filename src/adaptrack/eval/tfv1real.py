@@ -72,7 +72,7 @@ from ..sampling.engine import prefill
 from .apireport import api_report, tfv1_scores
 from .apitask import API_HEADER, ApiProblem, ApiTask, api_options, api_record, setting_names
 from .checks import POSITIVE, STR, strings
-from .dists import _REQUIREMENT, _text
+from .dists import REQUIREMENT, decoded_text
 from .dists import TFv1RealDataError as TFv1RealDataError
 from .dists import cached_dist as cached_dist
 from .dists import license_of as license_of
@@ -149,7 +149,7 @@ def extract(requirement: str, path: str | Path, encode: Callable[[str], Sequence
     reasons: Counter[str] = Counter()
     out = []
     for inner, data in files.items():
-        text = _text(data)
+        text = decoded_text(data)
         got = split(text) if text is not None else "unreadable"
         if isinstance(got, str):
             reasons[got] += 1
@@ -207,7 +207,7 @@ def model_tokenizer(model: str | None = None) -> tuple[str, Callable[[str], list
     ``encode``, which counts tokens as the transformers backend's ``encode`` does."""
     from ..errors import ModelLoadError
     from ..lm.default import default_gguf
-    from ..lm.load import _converted_gguf
+    from ..lm.load import converted_gguf
 
     try:
         import transformers
@@ -215,7 +215,7 @@ def model_tokenizer(model: str | None = None) -> tuple[str, Callable[[str], list
         raise ModelLoadError("TFv1Real counts prompt tokens with the model's tokenizer, "
                              "which needs transformers: pip install 'adaptrack[hf]'") from None
     path = default_gguf() if model is None else Path(model).expanduser()
-    source = str(_converted_gguf(path)) if str(path).endswith(".gguf") else str(model)
+    source = str(converted_gguf(path)) if str(path).endswith(".gguf") else str(model)
     try:
         tok = transformers.AutoTokenizer.from_pretrained(source)
     except Exception as err:  # transformers raises many kinds; the message is what matters
@@ -278,7 +278,7 @@ class TFv1RealTask(ApiTask):
         super().__post_init__()
         self.packages = tuple(self.packages) or read_packages()
         for requirement in self.packages:
-            if not isinstance(requirement, str) or not _REQUIREMENT.fullmatch(requirement):
+            if not isinstance(requirement, str) or not REQUIREMENT.fullmatch(requirement):
                 raise ValueError(f"packages: each is name==version, got {requirement!r}")
         self.group = self.group or self.jobs_per_problem()
 

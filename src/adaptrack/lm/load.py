@@ -130,7 +130,7 @@ def _load_transformers(
     if dtype_name == "auto":
         dtype_name = "float16" if device == "cuda" else "float32"
     dtype = getattr(torch, dtype_name)
-    source = str(_converted_gguf(Path(spec))) if is_gguf else str(spec)
+    source = str(converted_gguf(Path(spec))) if is_gguf else str(spec)
     try:
         try:  # a local directory, or an id already in the Hugging Face cache: no network
             tokenizer, model = _from_pretrained(transformers, source, dtype, True)
@@ -224,7 +224,7 @@ def _from_pretrained(transformers: Any, source: str, dtype: Any, local: bool) ->
     return tokenizer, model
 
 
-def _converted_gguf(path: Path) -> Path:
+def converted_gguf(path: Path) -> Path:
     """A directory holding the GGUF's de-quantized weights and tokenizer, made once.
 
     transformers de-quantizes a GGUF on every load (about 20 s for the default model);

@@ -55,13 +55,13 @@ def _generate(server: Server, kind: str) -> Handler:
         try:
             server.authorize(request.headers.get("authorization", ""))
             check_json_body(request.headers.get("content-type"))
-            body = await _body(request)
+            body = await read_body(request)
         except APIError as err:
             return _respond(server.error(err, endpoint, started))
         except ClientDisconnect:  # the client left while sending its body
             return _respond(server.gone(endpoint, started))
         return _respond(await server.generate(kind, body, endpoint, started, arrived,
-                                              lambda: _disconnected(request)))
+                                              lambda: disconnected(request)))
 
     return route
 
@@ -91,7 +91,7 @@ def _routes(server: Server) -> list[Route]:
     ]
 
 
-async def _body(request: Request) -> bytes:
+async def read_body(request: Request) -> bytes:
     """The request body, or a 413 :class:`APIError` past :data:`MAX_BODY_BYTES`."""
     parts, size = [], 0
     async for part in request.stream():
@@ -103,7 +103,7 @@ async def _body(request: Request) -> bytes:
     return b"".join(parts)
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     """Returns once the client has closed the connection (the body is already read)."""
     while True:
         message = await request.receive()
@@ -111,7 +111,7 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def _not_found(request: Request, exc: Exception) -> Response:
+async def not_found(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
     if status == 405:  # Starlette's exception carries the Allow header
         headers = dict(getattr(exc, "headers", None) or {})
@@ -152,6 +152,6 @@ def create_app(lm: LanguageModel, *, allowed_hosts: Sequence[str] | None = None,
 
     app = Starlette(routes=_routes(server), lifespan=lifespan,
                     middleware=[Middleware(HostGuard, allowed=allowed_hosts)],
-                    exception_handlers={404: _not_found, 405: _not_found})
+                    exception_handlers={404: not_found, 405: not_found})
     app.state.server = server
     return app

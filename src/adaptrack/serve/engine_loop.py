@@ -128,7 +128,7 @@ class EngineLoop:
     """The engine thread and its queue.
 
     >>> import adaptrack as at
-    >>> from adaptrack.serve import parse, prepare_calls
+    >>> from adaptrack.serve.preprocess import parse, prepare_calls
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
     >>> loop = EngineLoop(lm)
     >>> loop.start()

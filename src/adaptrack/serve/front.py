@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .app import _body, _disconnected, _not_found
+from .app import disconnected, not_found, read_body
 from .errors import APIError
 from .replicas import Head, Replicas
 from .routing import PrefixRouter, routing_text
@@ -66,7 +66,7 @@ class Front:
     async def generate(self, request: Request, kind: str) -> Response:
         arrived = time.monotonic()
         try:
-            body = await _body(request)
+            body = await read_body(request)
         except APIError as err:
             return JSONResponse(err.body(), status_code=err.status)
         except ClientDisconnect:
@@ -106,7 +106,7 @@ class Front:
         """The replica's first item, unless the client leaves first
         (:class:`ClientDisconnect`)."""
         first = asyncio.ensure_future(stream.__anext__())
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(disconnected(request))
         try:
             done, _ = await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -235,6 +235,6 @@ def create_front(replicas: Replicas) -> Starlette:
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/health", front.health, methods=["GET"]),
               Route("/metrics", front.metrics, methods=["GET"])]
-    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
     app.state.front = front
     return app

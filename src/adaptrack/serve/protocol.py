@@ -353,21 +353,3 @@ class ChatCompletionRequest(BaseRequest):
 REQUESTS: dict[str, type[BaseRequest]] = {"completion": CompletionRequest,
                                        "chat": ChatCompletionRequest}
 
-
-#: Names this module held before the server was split (docs/design.md §4), by their module
-#: now: still importable from here.
-_MOVED = {"parse": "preprocess", "prepare_calls": "preprocess", "Options": "preprocess",
-          "hf_chat_template": "preprocess", "ChatTemplate": "preprocess",
-          "DEFAULT_MAX_TOKENS": "preprocess", "APIError": "errors", "error_for": "errors",
-          "ERROR_TYPES": "errors", "GBNF_RULE": "constraint_spec", "Choice": "events",
-          "token_text": "responses", "logprobs_body": "responses", "usage_body": "responses",
-          "response_body": "responses", "chunk_body": "responses",
-          "final_chunk": "responses"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_MOVED[name]}", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

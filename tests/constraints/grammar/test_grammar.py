@@ -589,13 +589,13 @@ class _Dry:
 
 
 def test_a_replay_that_fails_again_goes_one_token_at_a_time_with_masks():
-    from adaptrack.constraints.grammar.cursor import _Track
+    from adaptrack.constraints.grammar.cursor import Track
 
     vocab = toy_vocab()
     # Any whitespace: a random walk of 20 tokens then never reaches the object's end.
     schema = json_schema({**SCHEMA, "x-guidance": {"whitespace_flexible": True}})
     m = GrammarMatcher(schema, vocab)
-    m._tokens = _Track(lambda: _Dry(m._new_matcher()), list, 8, "JSON schema")
+    m._tokens = Track(lambda: _Dry(m._new_matcher()), list, 8, "JSON schema")
     want = GrammarMatcher(schema, vocab)
     state = want.start()
     rng = random.Random(3)

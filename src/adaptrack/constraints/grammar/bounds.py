@@ -13,7 +13,7 @@ import re._parser as _sre_parse
 import warnings
 from typing import Any
 
-from .tokenizer import _LLVocab
+from .tokenizer import LLVocab
 
 #: ``min_new_tokens`` of a language no token sequence reaches (larger than any budget).
 _UNREACHABLE = 1 << 62
@@ -136,7 +136,7 @@ def regex_min_bytes(pattern: str) -> tuple[int, frozenset[int] | None] | None:
     return found, None if walk.alphabet is None else frozenset(walk.alphabet)
 
 
-def regex_min_tokens(pattern: str, ll: _LLVocab) -> int:
+def regex_min_tokens(pattern: str, ll: LLVocab) -> int:
     """A lower bound on the tokens (EOS included) of any complete sequence matching
     ``pattern`` over the vocabulary ``ll``: its shortest match in bytes over the longest
     token made only of bytes the pattern can match, plus EOS; 1 where unknown, and
@@ -217,7 +217,7 @@ def json_min_bytes(schema: Any, depth: int = 0, sep: int = 1) -> int:
     return 0
 
 
-def json_min_tokens(schema: Any, ll: _LLVocab) -> int:
+def json_min_tokens(schema: Any, ll: LLVocab) -> int:
     """A lower bound on the tokens (EOS included) of any complete sequence of ``schema``:
     :func:`json_min_bytes` over the longest token, plus EOS; 1 where nothing is known.
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
@@ -35,8 +35,20 @@ from .bounds import json_min_tokens, regex_min_tokens
 from .jsonbound import JsonBound, bounded
 from .tokenizer import ll_vocab
 
-if TYPE_CHECKING:
-    from .sources import Grammar
+
+class GrammarSource(Protocol):
+    """What compiling reads of a grammar (:class:`~.sources.Grammar` has it): declared
+    here so that the compiler and the matcher do not import the module that makes matchers.
+    """
+
+    kind: str
+    lark_text: str
+    pattern: str | None
+    final_bytes: bytes | None
+    schema: Any
+
+    @property
+    def key(self) -> tuple[str, str, str | None, bytes | None]: ...
 
 #: Bytes of packed masks a compiled grammar keeps by default (6 KiB a mask at 49k tokens).
 MASK_CACHE_BYTES = 64 << 20
@@ -79,13 +91,13 @@ class _Locked(LRU[K, V]):
             super().clear()
 
 
-def _frozen(bits: np.ndarray) -> np.ndarray:
+def frozen(bits: np.ndarray) -> np.ndarray:
     """``bits``, read-only: matchers share it."""
     bits.setflags(write=False)
     return bits
 
 
-def _references_tokens(grammar: Grammar) -> bool:
+def _references_tokens(grammar: GrammarSource) -> bool:
     """Whether ``grammar`` may name tokens (llguidance's ``<[5]>``, ``<|end|>``): never for
     a regex or a JSON schema; for Lark and GBNF, wherever ``<…>`` occurs (also in a string
     or a regex: a false alarm costs only speed)."""
@@ -107,7 +119,7 @@ class CompiledGrammar:
     (False, 2)
     """
 
-    def __init__(self, grammar: Grammar, vocab: Vocabulary,
+    def __init__(self, grammar: GrammarSource, vocab: Vocabulary,
                  cache_bytes: int = MASK_CACHE_BYTES) -> None:
         self.grammar, self.vocab, self.cache_bytes = grammar, vocab, cache_bytes
         self.ll = ll_vocab(vocab)
@@ -166,7 +178,7 @@ class CompiledGrammar:
                 ids = np.union1d(vocab.tokens_holding(final), np.asarray(blank, dtype=np.int64))
                 member = np.zeros(8 * len(self.ll.text_bits), dtype=bool)
                 member[ids] = True
-                found = _frozen(np.packbits(member, bitorder="little") & self.ll.text_bits)
+                found = frozen(np.packbits(member, bitorder="little") & self.ll.text_bits)
             self._candidates = (found,)
         return self._candidates[0]
 
@@ -200,7 +212,7 @@ _COMPILED: LRU[Hashable, CompiledGrammar] = LRU(COMPILED_GRAMMARS)
 _COMPILING = threading.Lock()
 
 
-def compiled(grammar: Grammar, vocab: Vocabulary,
+def compiled(grammar: GrammarSource, vocab: Vocabulary,
              cache_bytes: int = MASK_CACHE_BYTES) -> CompiledGrammar:
     """The compiled grammar of ``grammar`` on ``vocab`` (with ``cache_bytes`` of masks),
     shared: one of the last :data:`COMPILED_GRAMMARS` made for the same :attr:`Grammar.key`,

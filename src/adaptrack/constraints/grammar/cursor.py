@@ -9,7 +9,7 @@ keeps the mask cache of its Earley parser (keyed by lexer state and row index), 
 row index reused after a rollback then returns the mask of the text rolled back (llguidance
 1.9: after ``"age"`` a JSON-schema matcher allowed digits before the ``:``). A copy shares
 its original's lexer, whose resource limits are spent for all of them at once: after a
-failure the cursor starts again from a new matcher (see :class:`_Track`), so a state fails
+failure the cursor starts again from a new matcher (see :class:`Track`), so a state fails
 here only where a new llguidance matcher fails too.
 """
 
@@ -28,7 +28,7 @@ from ...errors import GrammarError
 _CHECKPOINT_EVERY = 16
 
 
-def _failure(kind: str, matcher: LLMatcher) -> GrammarError:
+def matcher_failure(kind: str, matcher: LLMatcher) -> GrammarError:
     """The error of a failed llguidance matcher."""
     err = matcher.get_error().strip().splitlines()
     reason = err[0] if err else "unknown error"
@@ -36,15 +36,15 @@ def _failure(kind: str, matcher: LLMatcher) -> GrammarError:
                         "simplify the grammar or shorten max_new_tokens)")
 
 
-class _Spent(Exception):
-    """An llguidance matcher failed where a new one may not (see :meth:`_Track.run`)."""
+class Spent(Exception):
+    """An llguidance matcher failed where a new one may not (see :meth:`Track.run`)."""
 
     def __init__(self, error: GrammarError) -> None:
         super().__init__(str(error))
         self.error = error
 
 
-def _dead_end(matcher: LLMatcher) -> bool:
+def dead_end(matcher: LLMatcher) -> bool:
     """Whether ``matcher`` stopped because no token continues its text (not a failure)."""
     return matcher.get_error().startswith("NoExtensionBias")
 
@@ -52,7 +52,7 @@ def _dead_end(matcher: LLMatcher) -> bool:
 T = TypeVar("T")
 
 
-class _Track:
+class Track:
     """An llguidance matcher, the cursor, moved to token tuples as the module doc says:
     forward from where it is when that is a prefix of the target, else from a copy of the
     nearest checkpoint (or of ``root``, which never consumes; ``new()`` when not given).
@@ -91,12 +91,12 @@ class _Track:
     def run(self, state: tuple[int, ...], compute: Callable[[LLMatcher], T]) -> T:
         """``compute`` on the cursor moved to ``state`` (states are valid: only
         llguidance's resource limits make a matcher fail on the way, or ``compute`` raise
-        :class:`_Spent`). After a failure, once more from a new matcher, then from another
+        :class:`Spent`). After a failure, once more from a new matcher, then from another
         one with a mask before each token; a third failure is a :class:`GrammarError`."""
         for attempt in range(3):
             try:
                 return compute(self.goto(state, masks=attempt == 2))
-            except _Spent as spent:
+            except Spent as spent:
                 self.restart()
                 if attempt == 2:
                     raise spent.error from None
@@ -130,7 +130,7 @@ class _Track:
 
     def goto(self, state: tuple[int, ...], masks: bool = False) -> LLMatcher:
         """The cursor, moved to ``state`` (``masks``: a mask computed before each token,
-        which refills llguidance's lexer fuel); :class:`_Spent` if it fails."""
+        which refills llguidance's lexer fuel); :class:`Spent` if it fails."""
         every = _CHECKPOINT_EVERY
         if len(self.at) > len(state) or state[: len(self.at)] != self.at:
             self._jump(state)
@@ -138,9 +138,9 @@ class _Track:
         while k < len(state):
             stop = min(len(state), (k // every + 1) * every)
             if not self._consume(state[k:stop], masks):
-                err = _failure(self.kind, self.cursor)
+                err = matcher_failure(self.kind, self.cursor)
                 self.reset()
-                raise _Spent(err)
+                raise Spent(err)
             k = stop
             self.at = state[:k]
             if k % every == 0 and self.at not in self.checkpoints:

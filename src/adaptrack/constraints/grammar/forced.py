@@ -15,7 +15,7 @@ from ...cache import LRU
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
 from .compiler import CompiledGrammar
-from .cursor import _dead_end, _failure, _Spent, _Track
+from .cursor import Spent, Track, dead_end, matcher_failure
 
 
 class ForcedBytes:
@@ -28,7 +28,7 @@ class ForcedBytes:
         self.compiled, self.vocab, self.kind = compiled, vocab, compiled.grammar.kind
         self.checkpoints = checkpoints
         self.found: LRU[tuple[int, ...], tuple[bytes, bool]] = compiled.forced
-        self.track: _Track | None = None
+        self.track: Track | None = None
         self._eos = 0
 
     @property
@@ -52,13 +52,13 @@ class ForcedBytes:
             try:
                 return self._walk(track, matcher, limit)
             except GrammarError as err:  # the byte matcher's lexer, spent: start it again
-                raise _Spent(err) from None
+                raise Spent(err) from None
 
         found = track.run(key, walk)
         self.found.put(key, found)
         return found[0]
 
-    def _track(self) -> _Track:
+    def _track(self) -> Track:
         """The byte cursor, made on first use."""
         if self.track is None:
             compiled = self.compiled
@@ -69,11 +69,11 @@ class ForcedBytes:
             def ids(tokens: tuple[int, ...]) -> list[int]:
                 return [offset + b for t in tokens for b in bytes_of(t)]
 
-            self.track = _Track(compiled.renew_bytes, ids, self.checkpoints, self.kind,
+            self.track = Track(compiled.renew_bytes, ids, self.checkpoints, self.kind,
                                 root=compiled.byte_root())
         return self.track
 
-    def _walk(self, track: _Track, matcher: LLMatcher, limit: int | None) -> tuple[bytes, bool]:
+    def _walk(self, track: Track, matcher: LLMatcher, limit: int | None) -> tuple[bytes, bool]:
         """The forced bytes at the state of ``matcher``, ``track``'s cursor (at most
         ``limit``), and whether the limit cut them."""
         if limit is None:
@@ -81,7 +81,7 @@ class ForcedBytes:
             copy = matcher.deep_copy()
             found = bytes(copy.compute_ff_bytes())
             if copy.is_error():
-                raise _failure(self.kind, copy)
+                raise matcher_failure(self.kind, copy)
             return found, False
         eos = self._eos
         # Mask bits: token references below the EOS, the EOS ("accepting"), then the bytes
@@ -102,12 +102,12 @@ class ForcedBytes:
                 walker = matcher.deep_copy()
             out.append(b)
             if not walker.consume_token(eos + 1 + b):
-                raise _failure(self.kind, walker)
+                raise matcher_failure(self.kind, walker)
         else:
             return bytes(out), True
         if walker.is_error():
-            if not _dead_end(walker):
-                raise _failure(self.kind, walker)
+            if not dead_end(walker):
+                raise matcher_failure(self.kind, walker)
             if walker is matcher:  # a dead end (nothing forced): the cursor is spent
                 track.reset()
         return bytes(out), False

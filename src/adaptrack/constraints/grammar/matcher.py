@@ -10,7 +10,6 @@ from the start; masks come from llguidance's matcher moved to them (:mod:`.curso
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
@@ -18,12 +17,9 @@ from llguidance import LLMatcher, LLTokenizer
 from ...errors import GrammarError
 from ...tokenization.vocab import Vocabulary
 from ..base import DONE, Matcher, State
-from .compiler import MASK_CACHE_BYTES, CompiledGrammar, _frozen, compiled
-from .cursor import _dead_end, _failure, _Spent, _Track
+from .compiler import MASK_CACHE_BYTES, CompiledGrammar, GrammarSource, compiled, frozen
+from .cursor import Spent, Track, dead_end, matcher_failure
 from .forced import ForcedBytes
-
-if TYPE_CHECKING:
-    from .sources import Grammar
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -52,13 +48,14 @@ class GrammarMatcher(Matcher):
 
     terminators = b""
 
-    def __init__(self, grammar: Grammar, vocab: Vocabulary, cache_bytes: int = MASK_CACHE_BYTES,
-                 checkpoints: int = 1024, *, shared: bool = False) -> None:
+    def __init__(self, grammar: GrammarSource, vocab: Vocabulary,
+                 cache_bytes: int = MASK_CACHE_BYTES, checkpoints: int = 1024, *,
+                 shared: bool = False) -> None:
         self.grammar, self.vocab = grammar, vocab
         self.compiled = (compiled(grammar, vocab, cache_bytes) if shared
                          else CompiledGrammar(grammar, vocab, cache_bytes))
         self.ll = self.compiled.ll
-        self._tokens = _Track(self.compiled.renew, list, checkpoints, grammar.kind,
+        self._tokens = Track(self.compiled.renew, list, checkpoints, grammar.kind,
                               root=self.compiled.root)
         self._forced = ForcedBytes(self.compiled, vocab, checkpoints)
         self._masks = self.compiled.masks
@@ -81,21 +78,21 @@ class GrammarMatcher(Matcher):
         if matcher.is_error():
             # A dead end (no token continues the text, which is not accepted): llguidance
             # stops with this error instead of returning an empty mask.
-            if _dead_end(matcher):
+            if dead_end(matcher):
                 if matcher is self._tokens.cursor:
                     self._tokens.reset()
-                return _frozen(np.zeros_like(self.ll.text_bits)), False
-            raise _failure(self.grammar.kind, matcher)
+                return frozen(np.zeros_like(self.ll.text_bits)), False
+            raise matcher_failure(self.grammar.kind, matcher)
         eos = self.ll.eos
-        return _frozen(bits & self.ll.text_bits), bool(bits[eos >> 3] >> (eos & 7) & 1)
+        return frozen(bits & self.ll.text_bits), bool(bits[eos >> 3] >> (eos & 7) & 1)
 
     def _compute_on_cursor(self, matcher: LLMatcher) -> tuple[np.ndarray, bool]:
-        """:meth:`_compute` for :meth:`_Track.run`: a failure (a lexer error while the
+        """:meth:`_compute` for :meth:`Track.run`: a failure (a lexer error while the
         mask is computed) starts the cursor again."""
         try:
             return self._compute(matcher)
         except GrammarError as err:
-            raise _Spent(err) from None
+            raise Spent(err) from None
 
     def _mask(self, state: tuple[int, ...]) -> tuple[np.ndarray, bool]:
         cached = self._masks.get(state)
@@ -152,7 +149,7 @@ class GrammarMatcher(Matcher):
             keep = np.zeros(len(ids), dtype=bool)
             for j, token in enumerate(ids.tolist()):
                 if not m.consume_token(token):
-                    raise _Spent(_failure(self.grammar.kind, m))
+                    raise Spent(matcher_failure(self.grammar.kind, m))
                 keep[j] = m.is_accepting()
                 m.rollback(1)
             return ids[keep]
@@ -164,7 +161,7 @@ class GrammarMatcher(Matcher):
         if accepting and len(self.vocab.eos_ids):
             eos = self.vocab.eos_ids
             found = np.insert(found, np.searchsorted(found, eos), eos)
-        self._closing.put(key, _frozen(found))
+        self._closing.put(key, frozen(found))
         return found
 
     def within(self, state: State, tokens: int) -> np.ndarray:
@@ -254,7 +251,7 @@ class GrammarMatcher(Matcher):
 
     def stats(self) -> dict[str, float]:
         """Masks computed over the vocabulary, their seconds, and how often an llguidance
-        matcher was made anew after a resource-limit failure (``_Track.run``)."""
+        matcher was made anew after a resource-limit failure (``Track.run``)."""
         restarts = self._tokens.restarts + self._forced.restarts
         return {"grammar_masks": self.masks_computed, "grammar_mask_seconds": self.mask_seconds,
                 "grammar_restarts": restarts}

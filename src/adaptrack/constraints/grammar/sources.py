@@ -75,7 +75,7 @@ def _one_line(message: str) -> str:
     return " | ".join(p for p in parts if p.strip("^~- "))
 
 
-def _source(kind: str, text: object) -> str:
+def source_text(kind: str, text: object) -> str:
     """The grammar text, checked: a str that UTF-8 can encode (llguidance reads UTF-8)."""
     if not isinstance(text, str):
         raise TypeError(f"{kind} takes the grammar as a str, got {show(text)} "
@@ -88,7 +88,7 @@ def _source(kind: str, text: object) -> str:
 VALIDATED: LRU[str, tuple[bool, tuple[str, ...]]] = LRU(256)
 
 
-def _check(kind: str, grammar: str) -> None:
+def check_source(kind: str, grammar: str) -> None:
     """Compile ``grammar`` (no vocabulary needed) and raise :class:`GrammarError` with
     llguidance's message, on one line, if it is invalid; pass its warnings on."""
     found = VALIDATED.get(grammar)
@@ -114,8 +114,8 @@ def regex(pattern: str) -> Grammar:
     >>> m.accepts([0, 2, 3]), m.accepts([2, 2, 3])
     (True, False)
     """
-    _source("regex", pattern)
-    _check("regex", LLMatcher.grammar_from_regex(pattern))
+    source_text("regex", pattern)
+    check_source("regex", LLMatcher.grammar_from_regex(pattern))
     return Grammar("regex", f"start: /{regex_to_lark(pattern, '')}/", pattern)
 
 
@@ -173,7 +173,7 @@ def json_schema(schema: str | dict[str, Any]) -> Grammar:
         options = schema.get("x-guidance")
         if options is None or (isinstance(options, dict) and not _WHITESPACE_KEYS & options.keys()):
             schema = {**schema, "x-guidance": {**JSON_LAYOUT, **(options or {})}}
-    _check("JSON schema", LLMatcher.grammar_from_json_schema(json.dumps(schema)))
+    check_source("JSON schema", LLMatcher.grammar_from_json_schema(json.dumps(schema)))
     # An object ends with "}", then whitespace or none (a pattern of the caller's may
     # match anything, so then nothing is known).
     final = None
@@ -196,7 +196,7 @@ def lark(grammar: str) -> Grammar:
     >>> m.accepts([2, 0, 3]), m.accepts([2, 3])
     (True, False)
     """
-    _check("Lark grammar", LLMatcher.grammar_from_lark(_source("lark", grammar)))
+    check_source("Lark grammar", LLMatcher.grammar_from_lark(source_text("lark", grammar)))
     return Grammar("Lark grammar", grammar)
 
 
@@ -210,7 +210,7 @@ def gbnf(grammar: str) -> Grammar:
     >>> m.allowed(m.start()).tolist(), m.accepts([1, 0, 2])
     ([1], True)
     """
-    _source("gbnf", grammar)
+    source_text("gbnf", grammar)
     try:
         converted = any_to_lark(grammar)
     except RecursionError:
@@ -218,5 +218,5 @@ def gbnf(grammar: str) -> Grammar:
                            "converter (its parentheses or rules); flatten it") from None
     except Exception as err:  # the converter raises its own error type (and others)
         raise GrammarError(f"invalid GBNF grammar: {err}") from None
-    _check("GBNF grammar", LLMatcher.grammar_from_lark(converted))
+    check_source("GBNF grammar", LLMatcher.grammar_from_lark(converted))
     return Grammar("GBNF grammar", converted)

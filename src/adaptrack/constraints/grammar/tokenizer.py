@@ -72,7 +72,7 @@ def byte_tokenizer(eos: int) -> LLTokenizer:
     return found
 
 
-class _LLVocab:
+class LLVocab:
     """llguidance's view of one vocabulary: the tokenizer and which bits are text tokens."""
 
     def __init__(self, vocab: Vocabulary) -> None:
@@ -118,10 +118,10 @@ class _LLVocab:
         return found
 
 
-_LL_VOCABS: weakref.WeakKeyDictionary[Vocabulary, _LLVocab] = weakref.WeakKeyDictionary()
+_LL_VOCABS: weakref.WeakKeyDictionary[Vocabulary, LLVocab] = weakref.WeakKeyDictionary()
 
 
-def ll_vocab(vocab: Vocabulary) -> _LLVocab:
+def ll_vocab(vocab: Vocabulary) -> LLVocab:
     """The llguidance tokenizer of ``vocab``, built once per vocabulary (≈0.2 s at 49k).
 
     >>> v = Vocabulary([b"a", b"b", b"<e>"], eos_ids=[2])
@@ -130,5 +130,5 @@ def ll_vocab(vocab: Vocabulary) -> _LLVocab:
     """
     found = _LL_VOCABS.get(vocab)
     if found is None:
-        found = _LL_VOCABS[vocab] = _LLVocab(vocab)
+        found = _LL_VOCABS[vocab] = LLVocab(vocab)
     return found

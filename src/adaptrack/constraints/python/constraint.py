@@ -9,17 +9,17 @@ import numpy as np
 from ...cache import LRU
 from ...tokenization.vocab import Vocabulary
 from ..base import DONE, Matcher, State, show, utf8
-from ..predicate import Predicate, PredicateMatcher, _decode
+from ..predicate import Predicate, PredicateMatcher, decode_utf8
 from ..stop import StopStrings, stop_strings
-from .names import _Names
+from .names import Names
 from .syntax import (
-    _FLAGS,
-    _compiles,
-    _ends_in_comment,
-    _is_program,
-    _open_end,
-    _prefix_ok,
-    _top_level_done,
+    INCOMPLETE_FLAGS,
+    compiles,
+    ends_in_comment,
+    is_program,
+    open_end,
+    prefix_ok,
+    top_level_done,
 )
 
 #: HumanEval's stop strings (the completion is a function body; these start the next
@@ -45,26 +45,26 @@ class Python(Predicate):
                                 f"library and what prefix imports), got {show(modules)}")
             modules = names_
         utf8(prefix, "prefix")
-        if not _prefix_ok(prefix):
+        if not prefix_ok(prefix):
             raise ValueError(f"prefix is not the start of a valid Python program: "
-                             f"{show(prefix[-60:])} ({_compiles(prefix, _FLAGS)})")
+                             f"{show(prefix[-60:])} ({compiles(prefix, INCOMPLETE_FLAGS)})")
         self.prefix, self.names = prefix, bool(names)
         self.stop_bytes, self.stop = stop_bytes, tuple(s.decode() for s in stop_bytes)
-        self._names = _Names(prefix, modules) if names else None
+        self._names = Names(prefix, modules) if names else None
         super().__init__(self._text_ok, self._program_ok, timeout=timeout,
                          max_timeouts=max_timeouts)
 
     def _valid(self, text: str) -> bool:
         """The syntax and name checks of ``prefix + text`` as a prefix."""
         code = self.prefix + text
-        if not _prefix_ok(code):
+        if not prefix_ok(code):
             return False
         n = self._names
         if n is None:
             return True
         if not n.chains_ok(code, final=False):
             return False
-        if _top_level_done(code) and _is_program(code):
+        if top_level_done(code) and is_program(code):
             return not n.undefined(code, functions=False)
         return True
 
@@ -81,7 +81,7 @@ class Python(Predicate):
     def _program_ok(self, text: str) -> bool:
         """Whether ``prefix + text`` is a complete, valid program."""
         code = self.prefix + text
-        if not _is_program(code):
+        if not is_program(code):
             return False
         n = self._names
         return n is None or (n.chains_ok(code, final=True)
@@ -138,7 +138,7 @@ class PythonMatcher(PredicateMatcher):
         super().__init__(pred, vocab)
         self._stops = StopStrings(pred.stop_bytes, vocab, self._ending)
         self._ending = self._stops.ending
-        self._scan_from = _open_end(pred.prefix)
+        self._scan_from = open_end(pred.prefix)
         self._in_comment: LRU[bytes, bool] = LRU(limit=4096)
 
     def finishing(self, state: State) -> np.ndarray:
@@ -172,11 +172,11 @@ class PythonMatcher(PredicateMatcher):
             return False
         found = self._in_comment.get(state)
         if found is None:
-            text = _decode(state)
-            found = text is not None and _ends_in_comment(self.p.prefix + text[0],
+            text = decode_utf8(state)
+            found = text is not None and ends_in_comment(self.p.prefix + text[0],
                                                            self._scan_from)
             self._in_comment.put(state, found)
-        return found and _decode(data) is not None
+        return found and decode_utf8(data) is not None
 
     def final_text(self, data: bytes) -> bytes:
         """``data`` cut before its first stop string."""

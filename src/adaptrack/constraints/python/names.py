@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from types import ModuleType
 
 from ...cache import LRU
-from .syntax import _SCAN, _open_end
+from .syntax import SCAN, open_end
 
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w. \t,]+?)[ \t]*(?:;|#|$)", re.MULTILINE)
 _FROM = re.compile(r"^[ \t]*from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w \t,]+?)\)?[ \t]*(?:;|#|$)",
@@ -27,7 +27,7 @@ _SIDE_EFFECTS = frozenset({"antigravity", "this", "__hello__", "__phello__", "id
 
 
 
-class _Names:
+class Names:
     """Module chains and undefined names (see :func:`python`)."""
 
     def __init__(self, prefix: str, modules: Iterable[str] | None) -> None:
@@ -40,7 +40,7 @@ class _Names:
             allowed = {m.split(".")[0] for m in modules}
         self.allowed = frozenset(allowed)
         self.prefix_aliases = prefix_imports
-        self.scan_from = _open_end(prefix)
+        self.scan_from = open_end(prefix)
         self._modules: LRU[str, ModuleType | None] = LRU(limit=1024)
 
     def __getstate__(self) -> dict[str, object]:
@@ -80,7 +80,7 @@ class _Names:
             aliases = {**aliases, **_imports(_code_only(generated), complete_lines=not final)}
         if not aliases:
             return True
-        for m in _SCAN.finditer(code, self.scan_from):
+        for m in SCAN.finditer(code, self.scan_from):
             chain = m.group("chain")
             if not chain or "." not in chain:
                 continue
@@ -138,7 +138,7 @@ class _Names:
 
 def _code_only(text: str) -> str:
     """``text`` with strings and comments blanked (lengths kept), for the import scan."""
-    return _SCAN.sub(lambda m: " " * len(m.group()) if m.group("skip") else m.group(), text)
+    return SCAN.sub(lambda m: " " * len(m.group()) if m.group("skip") else m.group(), text)
 
 
 def _imports(code: str, complete_lines: bool = False) -> dict[str, tuple[str, str | None]]:

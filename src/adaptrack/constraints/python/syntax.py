@@ -1,6 +1,6 @@
 """Python syntax by CPython's own parser: whether a text is a valid prefix of a program
-(:func:`_prefix_ok`, see :mod:`adaptrack.constraints.python`), whether it is a whole one,
-and where comments, strings and name chains lie (:data:`_SCAN`)."""
+(:func:`prefix_ok`, see :mod:`adaptrack.constraints.python`), whether it is a whole one,
+and where comments, strings and name chains lie (:data:`SCAN`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import keyword
 import re
 import warnings
 
-_FLAGS = 0x4000 | 0x200  # PyCF_ALLOW_INCOMPLETE_INPUT | PyCF_DONT_IMPLY_DEDENT, as codeop
+INCOMPLETE_FLAGS = 0x4000 | 0x200  # PyCF_ALLOW_INCOMPLETE_INPUT | PyCF_DONT_IMPLY_DEDENT, as codeop
 _KEYWORDS = ("False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
              "continue", "def", "del", "elif", "else", "except", "finally", "for", "from",
              "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass",
@@ -38,7 +38,7 @@ _WORD_END = re.compile(r"[A-Za-z]+\Z")
 _WORD_CHAR = re.compile(r"\w")
 
 # Strings and comments (skipped), numbers (skipped), and dotted name chains at code level.
-_SCAN = re.compile(
+SCAN = re.compile(
     r"""(?P<skip>\#[^\n]*
         |[rRbBuUfF]{0,2}(?:'''(?:\\.|[^\\])*?(?:'''|\Z)|\"\"\"(?:\\.|[^\\])*?(?:\"\"\"|\Z)
                           |'(?:\\.|[^\\'\n])*(?:'|$)|"(?:\\.|[^\\"\n])*(?:"|$))
@@ -47,7 +47,7 @@ _SCAN = re.compile(
     re.VERBOSE | re.DOTALL | re.MULTILINE)
 
 
-def _compiles(text: str, flags: int) -> str | None:
+def compiles(text: str, flags: int) -> str | None:
     """``None`` when ``text`` compiles (with ``flags``), else the parser's message."""
     try:
         with warnings.catch_warnings():
@@ -60,7 +60,7 @@ def _compiles(text: str, flags: int) -> str | None:
     return None
 
 
-def _prefix_ok(text: str) -> bool:
+def prefix_ok(text: str) -> bool:
     """Whether ``text`` can be extended into a valid Python program (see the module doc).
 
     Outside brackets the parser takes the end of the input as the end of the statement, so
@@ -74,7 +74,7 @@ def _prefix_ok(text: str) -> bool:
     # same in any order: any successful try proves some continuation exists.
     if _valid_or_incomplete(_continued(text)):
         return True
-    msg = _compiles(text, _FLAGS)
+    msg = compiles(text, INCOMPLETE_FLAGS)
     if msg is None or msg == "incomplete input":
         return True
     if _NO_BINDING.fullmatch(msg):
@@ -109,7 +109,7 @@ def _bound_later(text: str, msg: str) -> bool:
             return False
         names.append(found.group(1))
         for indent in indents:
-            got = _compiles(f"{text}\n{indent}{' = '.join(names)} = None\n", _FLAGS)
+            got = compiles(f"{text}\n{indent}{' = '.join(names)} = None\n", INCOMPLETE_FLAGS)
             if got is None or got == "incomplete input":
                 return True
             other = _NO_BINDING.fullmatch(got or "")
@@ -129,7 +129,7 @@ def _continued(text: str) -> str:
 
 
 def _valid_or_incomplete(text: str) -> bool:
-    msg = _compiles(text, _FLAGS)
+    msg = compiles(text, INCOMPLETE_FLAGS)
     return msg is None or msg == "incomplete input"
 
 
@@ -139,31 +139,31 @@ def _unfinished_string_ok(text: str) -> bool:
     line_start = text.rfind("\n") + 1
     for m in re.finditer(r"[rRbBuUfF]{0,2}['\"]", text[line_start:]):
         start = line_start + m.start()
-        found = _SCAN.match(text, start)
+        found = SCAN.match(text, start)
         if found is not None and found.end() == len(text):
             head = text[:start] + '""'
             return _valid_or_incomplete(head) or _valid_or_incomplete(_continued(head))
     return False
 
 
-def _open_end(prefix: str) -> int:
+def open_end(prefix: str) -> int:
     """Where the prefix's last token starts when the generated text may continue it (a
     string, comment, number or name chain reaching the end), else ``len(prefix)``."""
     end = len(prefix)
-    for m in _SCAN.finditer(prefix):
+    for m in SCAN.finditer(prefix):
         if m.end() == end:
             return m.start()
     return end
 
 
-def _ends_in_comment(code: str, start: int) -> bool:
+def ends_in_comment(code: str, start: int) -> bool:
     """Whether ``code`` ends inside a comment; ``start``: where a scan may begin (the
     tokens before it are settled)."""
-    found = list(_SCAN.finditer(code, start))
+    found = list(SCAN.finditer(code, start))
     return bool(found) and found[-1].end() == len(code) and found[-1].group().startswith("#")
 
 
-def _top_level_done(code: str) -> bool:
+def top_level_done(code: str) -> bool:
     """Whether ``code`` ends with a line at column 0 that is a whole simple statement: the
     top-level statements before it are complete, and module-level code runs in order."""
     if not code.endswith("\n"):
@@ -173,5 +173,5 @@ def _top_level_done(code: str) -> bool:
             and line[-1] not in ":\\,([{")
 
 
-def _is_program(text: str) -> bool:
-    return _compiles(text, 0) is None
+def is_program(text: str) -> bool:
+    return compiles(text, 0) is None
