@@ -270,7 +270,7 @@ def run_row(lm: BenchLM, constraint: at.constraints.Constraint | None, row: Row,
     lm.model_s = BIND_S[0] = 0.0
     options = {"share_q": True} if row.share_q else {}
     t0 = time.perf_counter()
-    res = at.generate(lm, [], constraint, row.method, n=n, temperature=1.0,
+    res = at.generate(lm, [], constraint, method=row.method, n=n, temperature=1.0,
                       max_new_tokens=MAX_NEW_TOKENS, seed=seed, **options, search_budget=None)
     total = time.perf_counter() - t0
     s = res.stats
@@ -297,7 +297,8 @@ def choose_n(lm: BenchLM, constraint: at.constraints.Constraint | None, row: Row
 
 def valid_mass(lm: BenchLM, constraint: at.constraints.Constraint, samples: int) -> float:
     """Mean model mass on the constraint's allowed tokens at the prefixes cd samples visit."""
-    res = at.generate(lm, [], constraint, "cd", n=samples, max_new_tokens=MAX_NEW_TOKENS, seed=0)
+    res = at.generate(lm, [], constraint, method="cd", n=samples,
+                      max_new_tokens=MAX_NEW_TOKENS, seed=0)
     m = constraint.bind(lm.vocab)
     masses = []
     for smp in res.samples:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import random
 
 import numpy as np
@@ -240,3 +241,22 @@ def test_the_server_request_becomes_sampling_options():
                                             max_new_tokens=6, end="eos", fallback=None,
                                             fast_forward=False)
     assert (opts.n, opts.method, opts.max_tokens) == (2, "exact", 6)
+
+
+@pytest.mark.parametrize("entry", [at.generate, prepare, at.exact_distribution])
+def test_entry_points_restate_no_option_default(entry):
+    # The defaults live in SamplingOptions alone: an entry point takes options= or
+    # **overrides checked by it, never a keyword with a default of its own for an option.
+    names = {f.name for f in dataclasses.fields(SamplingOptions)}
+    params = inspect.signature(entry).parameters.values()
+    restated = [p.name for p in params if p.name in names]
+    assert restated == []
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def test_unknown_keyword_lists_the_options():
+    with pytest.raises(TypeError, match=r"generate\(\) got an unknown argument 'top_k'; the "
+                                        r"sampling options are method, n, "):
+        at.generate(LM, [], BITS, top_k=3)
+    with pytest.raises(TypeError, match="positional argument"):
+        at.generate(LM, [], BITS, "cd")  # the options are keywords only

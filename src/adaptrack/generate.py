@@ -27,7 +27,6 @@ from .options import (
 from .results import FreeTextWarning, GenerationResult, Sample, SearchFallbackWarning
 from .sampling.engine import Engine
 from .sampling.enumerate import enumerate_tree
-from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS
 from .sampling.tree import PrefixTree
 
@@ -61,44 +60,31 @@ def generate(
     lm: LanguageModel,
     prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
     constraint: Constraint | None = None,
-    method: str = "adaptrack",
-    n: int = 1,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    seed: int | None = None,
-    fast_forward: bool | FastForward = True,
     *,
-    share_q: bool = False,
-    max_backtrack: int | None = None,
-    min_backtrack_prob: float = 0.0,
-    max_nodes: int = 100_000,
-    max_cache_bytes: int = 1 << 30,
-    max_opened_bytes: int = 1 << 30,
-    max_seconds: float | None = MAX_SECONDS,
-    search_budget: float | None = SEARCH_BUDGET,
-    truncate_prompt: bool = False,
-    allow_truncated: bool = False,
+    options: SamplingOptions | None = None,
     batch_size: int = 32,
     max_batch_tokens: int | None = 1024,
-    parallel: bool | int | None = None,
-    end: str = "leave",
-    fallback: str | None = "cd",
     on_sample: Callable[[Sample], None] | None = None,
-    options: SamplingOptions | None = None,
+    **overrides: Any,
 ) -> Any:
     """Draw ``n`` samples of a continuation of ``prompt`` that satisfies ``constraint``.
+
+    The sampling options are the fields of :class:`~adaptrack.options.SamplingOptions`,
+    where their defaults are declared once: either ``options=SamplingOptions(...)``, or
+    each as a keyword (``**overrides``: ``method``, ``n``, ``temperature``, ``top_p``,
+    ``max_new_tokens``, ``seed``, ``fast_forward``, ``share_q``, ``max_backtrack``,
+    ``min_backtrack_prob``, ``parallel``, ``end``, ``truncate_prompt``,
+    ``allow_truncated``, the budgets ``max_nodes``, ``max_cache_bytes``,
+    ``max_opened_bytes``, ``max_seconds``, ``search_budget`` and ``fallback``), checked by
+    ``SamplingOptions``: an unknown keyword raises a ``TypeError`` that names it and lists
+    the options; with ``options=`` every keyword option must be left out (or at its
+    default). ``batch_size`` and ``max_batch_tokens`` are the engine's, not the options.
 
     ``method`` is one of ``unconstrained``, ``cd``, ``asap``, ``adaptrack``, ``exact`` (see
     docs/methods.md for what each guarantees). The ``n`` samples share one prefix tree, so the
     model evaluates each prefix once. ``share_q``, ``max_backtrack`` and
     ``min_backtrack_prob`` are AdapTrack's options. ``on_sample`` is called with each sample
     as it finishes (a progress hook).
-
-    The options (all but ``prompt``, ``constraint``, ``batch_size``, ``max_batch_tokens`` and
-    ``on_sample``) may come as one :class:`~adaptrack.options.SamplingOptions` instead,
-    ``options=SamplingOptions(...)``, checked once when it is made; the keyword options
-    are then left at their defaults.
 
     ``prompt`` may be a list of prompts (strings or token-id lists): each gets its own tree
     and the same options and seed, and the result is a list of :class:`GenerationResult`,
@@ -210,15 +196,7 @@ def generate(
     >>> [r.texts for r in at.generate(lm, [[], [0]], bits, method="cd", n=2, seed=0)]
     [['10100', '10101'], ['10100', '10101']]
     """
-    opts = SamplingOptions.merged(options, dict(
-        method=method, n=n, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, fast_forward=fast_forward, share_q=share_q,
-        max_backtrack=max_backtrack, min_backtrack_prob=min_backtrack_prob,
-        max_nodes=max_nodes, max_cache_bytes=max_cache_bytes,
-        max_opened_bytes=max_opened_bytes, max_seconds=max_seconds,
-        search_budget=search_budget, truncate_prompt=truncate_prompt,
-        allow_truncated=allow_truncated, parallel=parallel, end=end, fallback=fallback),
-        "generate")
+    opts = SamplingOptions.merged(options, overrides, "generate")
     many = _many(prompt)
     prompts = list(prompt) if many else [prompt]
     outcomes = _serve(lm, [(p, constraint, opts, on_sample) for p in prompts], batch_size,
@@ -304,16 +282,16 @@ def _call(call: Any) -> _Spec:
 
 
 def prepare(lm: LanguageModel, prompt: str | Sequence[int], constraint: Constraint | None = None,
-            method: str = "adaptrack", n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-            max_new_tokens: int = 64, seed: int | None = None,
-            fast_forward: bool | FastForward = True, **options: Any) -> PreparedCall:
+            *, options: SamplingOptions | None = None,
+            on_sample: Callable[[Sample], None] | None = None,
+            **overrides: Any) -> PreparedCall:
     """One prompt of :func:`generate`, checked and set up but not run, for a caller that
     steps its own :class:`~adaptrack.sampling.engine.Engine` (a server admitting requests as
-    they come, ``adaptrack.serve``). ``options`` are :func:`generate`'s keyword options but
-    ``batch_size`` and ``max_batch_tokens`` (the engine's). Bad arguments raise here, and so
-    do ``PromptTooLongError`` and an empty language found up front (``NoValidSequenceError``):
-    all before any model work. ``options=SamplingOptions(...)`` may replace the keyword
-    options, as in :func:`generate`.
+    they come, ``adaptrack.serve``). ``options=SamplingOptions(...)`` or the keyword
+    ``overrides`` (its fields), and ``on_sample``, as in :func:`generate`; ``batch_size`` and
+    ``max_batch_tokens`` are the engine's. Bad arguments raise here, and so do
+    ``PromptTooLongError`` and an empty language found up front (``NoValidSequenceError``):
+    all before any model work.
 
     >>> import adaptrack as at
     >>> from adaptrack.sampling.engine import Engine
@@ -324,12 +302,7 @@ def prepare(lm: LanguageModel, prompt: str | Sequence[int], constraint: Constrai
     >>> engine.run(); call.outcome(req).texts
     ['10', '10']
     """
-    on_sample = options.pop("on_sample", None)
-    given = options.pop("options", None)
-    opts = SamplingOptions.merged(given, dict(
-        method=method, n=n, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, fast_forward=fast_forward, **options),
-        "prepare")
+    opts = SamplingOptions.merged(options, overrides, "prepare")
     return PreparedCall(lm, prompt, constraint, opts, on_sample=on_sample)
 
 
@@ -380,16 +353,9 @@ def exact_distribution(
     lm: LanguageModel,
     prompt: str | Sequence[int],
     constraint: Constraint | None = None,
-    max_new_tokens: int = 64,
     *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_nodes: int = 100_000,
-    max_seconds: float | None = MAX_SECONDS,
-    fast_forward: bool | FastForward = True,
-    allow_truncated: bool = False,
-    end: str = "leave",
     options: SamplingOptions | None = None,
+    **overrides: Any,
 ) -> dict[tuple[int, ...], float]:
     """The target P(s | c) ∝ P(s)·c(s) by enumeration: {token tuple: probability}.
 
@@ -405,8 +371,10 @@ def exact_distribution(
     ``max_new_tokens`` exceed the model's context, and ``NoValidSequenceError`` when no
     sequence is valid (before any model work when the constraint's shortest complete
     sequence is longer than ``max_new_tokens``).
-    ``options=SamplingOptions(...)`` may give these options instead (the others it holds
-    do not apply here).
+    The options are :class:`~adaptrack.options.SamplingOptions`'s, as ``options=`` or
+    keyword ``overrides`` (checked by it, as in :func:`generate`); those read here are
+    ``max_new_tokens``, ``temperature``, ``top_p``, ``max_nodes``, ``max_seconds``,
+    ``fast_forward``, ``allow_truncated`` and ``end`` (the others do not apply).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -415,10 +383,7 @@ def exact_distribution(
     >>> len(dist), round(dist[(0, 0, 0, 0, 0, 2)], 4)
     (17, 0.0588)
     """
-    o = SamplingOptions.merged(options, dict(
-        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-        max_nodes=max_nodes, max_seconds=max_seconds, fast_forward=fast_forward,
-        allow_truncated=allow_truncated, end=end), "exact_distribution")
+    o = SamplingOptions.merged(options, overrides, "exact_distribution")
     if o.greedy:
         raise ValueError("exact_distribution needs temperature > 0, got 0")
     ids = _fit_prompt(lm, _prompt_ids(lm, prompt, o.max_new_tokens), o.max_new_tokens, False)

@@ -374,20 +374,19 @@ class SamplingOptions:
         >>> SamplingOptions.merged(SamplingOptions(n=3), {"n": 2}, "generate")
         Traceback (most recent call last):
         TypeError: generate() got options= and the keyword option n=2: pass one or the other
+        >>> SamplingOptions.merged(None, {"top_k": 3}, "prepare")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        TypeError: prepare() got an unknown argument 'top_k'; the sampling options are ...
         """
-        if options is None:
-            try:
-                return cls(**given)
-            except TypeError as err:
-                if "unexpected keyword" in str(err):
-                    raise TypeError(f"{caller}() got an unknown argument: {err}") from None
-                raise
-        if not isinstance(options, SamplingOptions):
-            raise TypeError(f"options must be a SamplingOptions or None, got {options!r:.60}")
         defaults = {f.name: f.default for f in fields(cls)}
         unknown = sorted(set(given) - set(defaults))
         if unknown:
-            raise TypeError(f"{caller}() got an unknown argument: {unknown[0]!r}")
+            raise TypeError(f"{caller}() got an unknown argument {unknown[0]!r}; the sampling "
+                            f"options are {', '.join(defaults)}")
+        if options is None:
+            return cls(**given)
+        if not isinstance(options, SamplingOptions):
+            raise TypeError(f"options must be a SamplingOptions or None, got {options!r:.60}")
         changed = [k for k, v in given.items()
                    if v is not defaults[k] and (type(v) is not type(defaults[k])
                                                 or v != defaults[k])]
