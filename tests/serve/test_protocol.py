@@ -207,3 +207,20 @@ def test_chat_lengths_agree_and_top_logprobs_need_logprobs():
                                                "stream": True,
                                                "stream_options": {"include_usage": True}})
     assert ok.include_usage
+
+
+def test_request_builds_its_sampling_options():
+    # The request model builds the options (as vLLM's to_sampling_params); a field the
+    # request leaves out keeps SamplingOptions' default.
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], n=3,
+                                temperature=0.5, top_p=0.9, seed=7, share_q=True,
+                                max_backtrack=2, end="eos", fast_forward=False,
+                                search_budget=5, guided_regex="a+")
+    opts = req.to_sampling_options(12)
+    assert opts == at.SamplingOptions(method="adaptrack", n=3, temperature=0.5, top_p=0.9,
+                                      seed=7, share_q=True, max_backtrack=2, end="eos",
+                                      fast_forward=False, search_budget=5,
+                                      max_new_tokens=12)
+    plain = CompletionRequest(prompt="a").to_sampling_options(4)
+    assert plain == at.SamplingOptions(method="unconstrained", max_new_tokens=4)
+    assert CompletionRequest(prompt="a", fallback="none").to_sampling_options(4).fallback is None

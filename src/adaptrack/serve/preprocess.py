@@ -29,7 +29,7 @@ from ..errors import GrammarError, PromptTooLongError
 from ..generate import PreparedCall, prepare
 from ..limits import prompt_byte_limit, prompt_text, too_many_bytes
 from ..lm.base import LanguageModel
-from ..options import SEARCH_BUDGET, SamplingOptions
+from ..options import SamplingOptions
 from ..sampling.methods import METHODS
 from .errors import APIError, bad, error_for
 from .protocol import (
@@ -151,12 +151,7 @@ def parse(body: bytes | str, kind: str, lm: LanguageModel, *, model: str | None 
         if context is not None:  # fit the default to the context; a given one is checked
             max_tokens = max(1, min(max_tokens, context - max(len(p) for p in prompts)))
     try:
-        sampling = SamplingOptions(
-            method=req.method, n=req.n, temperature=req.temperature, top_p=req.top_p,
-            max_new_tokens=max_tokens, seed=req.seed, fast_forward=req.fast_forward,
-            share_q=req.share_q, max_backtrack=req.max_backtrack, end=req.end,
-            fallback=None if req.fallback == "none" else req.fallback,
-            search_budget=SEARCH_BUDGET if req.search_budget is None else req.search_budget)
+        sampling = req.to_sampling_options(max_tokens)
     except (TypeError, ValueError) as err:  # the request model's bounds make this rare
         raise error_for(err) from None
     return Options(kind, prompts, sampling, req.stop,

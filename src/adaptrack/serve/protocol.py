@@ -43,6 +43,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ..options import SamplingOptions
 from ..sampling.methods import METHODS, foreign_options, owners
 from ..sampling.tree import END_POLICIES
 from .errors import show
@@ -260,6 +261,27 @@ class BaseRequest(_Model):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def to_sampling_options(self, max_new_tokens: int) -> SamplingOptions:
+        """The request's sampling options (as vLLM's ``to_sampling_params``), with
+        ``max_new_tokens``: the request's token limit, or the server's default fitted to the
+        context. A field the request leaves out keeps :class:`SamplingOptions`'s default;
+        ``max_seconds`` is not here, as the server's own budget caps it. Raises what
+        :class:`SamplingOptions` raises (the fields' bounds make that rare).
+
+        >>> req = CompletionRequest(prompt="a", n=2, decoding_method="cd", fallback="none")
+        >>> opts = req.to_sampling_options(16)
+        >>> opts.method, opts.n, opts.max_new_tokens, opts.fallback, opts.search_budget
+        ('cd', 2, 16, None, 3.0)
+        """
+        given: dict[str, Any] = dict(
+            method=self.method, n=self.n, temperature=self.temperature, top_p=self.top_p,
+            max_new_tokens=max_new_tokens, seed=self.seed, fast_forward=self.fast_forward,
+            share_q=self.share_q, max_backtrack=self.max_backtrack, end=self.end,
+            fallback=None if self.fallback == "none" else self.fallback)
+        if self.search_budget is not None:
+            given["search_budget"] = self.search_budget
+        return SamplingOptions(**given)
 
 
 def _at_most(value: int, bound: str, info: ValidationInfo) -> int:
