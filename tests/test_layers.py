@@ -153,22 +153,14 @@ def test_no_module_getattr_shim(name):
     assert not shims, f"{name} re-exports names through a module __getattr__ (line {shims})"
 
 
-# Private names of call.py that generate.py and serve/preprocess.py still import; the
-# restructuring of call/generate/options (issue 46, item 1-2) removes these.
-PRIVATE_IMPORTS_ALLOWED = {
-    ("adaptrack.generate", "adaptrack.call"): {"_bind", "_fit_prompt", "_prompt_ids",
-                                               "_require_room"},
-    ("adaptrack.serve.preprocess", "adaptrack.call"): {"_fit_prompt"},
-}
-
-
-def _private_imports(name: str) -> dict[str, set[str]]:
-    """The private names (one leading underscore) that module ``name`` imports from
-    another of the package's modules, by that module."""
-    path, is_package = MODULES[name]
+def _private_imports(name: str, text: str | None = None) -> dict[str, set[str]]:
+    """The private names (one leading underscore) that module ``name`` (its file, or
+    ``text``) imports from another of the package's modules, by that module."""
+    path, is_package = MODULES.get(name, (None, False))
     here = name if is_package else name.rpartition(".")[0]
     found: dict[str, set[str]] = {}
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    source = text if text is not None else path.read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.ImportFrom):
             continue
         base = node.module or ""
@@ -183,13 +175,13 @@ def _private_imports(name: str) -> dict[str, set[str]]:
 
 
 def test_the_private_import_check_sees_them():
-    assert "_fit_prompt" in _private_imports("adaptrack.serve.preprocess")["adaptrack.call"]
+    text = "from ..call import PreparedCall, _fit_prompt\nfrom .errors import __all__\n"
+    assert _private_imports("adaptrack.serve.preprocess", text) == {
+        "adaptrack.call": {"_fit_prompt"}}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_private_name_imported_across_modules(name):
     # A name another module needs is part of its module's interface: public, or moved.
-    extra = {source: names - PRIVATE_IMPORTS_ALLOWED.get((name, source), set())
-             for source, names in _private_imports(name).items()}
-    extra = {source: sorted(names) for source, names in extra.items() if names}
+    extra = {source: sorted(names) for source, names in _private_imports(name).items()}
     assert not extra, f"{name} imports private names: {extra}"

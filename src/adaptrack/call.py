@@ -46,10 +46,19 @@ def check_lm(lm: object) -> None:
                     f"({type(lm).__name__}){hint}")
 
 
-def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int], max_new_tokens: int = 0,
+def prompt_ids(lm: LanguageModel, prompt: str | Sequence[int], max_new_tokens: int = 0,
                 truncate: bool = False) -> list[int]:
     """The prompt's token ids; a text longer than the context can hold is refused (or cut,
-    with ``truncate``) from its size in bytes before it is tokenized."""
+    with ``truncate``) from its size in bytes before it is tokenized.
+
+    >>> from adaptrack.lm.table import TableLM
+    >>> lm = TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> prompt_ids(lm, "01"), prompt_ids(lm, (1, 0))
+    ([0, 1], [1, 0])
+    >>> prompt_ids(lm, [5])
+    Traceback (most recent call last):
+    ValueError: prompt token ids [5] are outside the vocabulary (0..2)
+    """
     check_lm(lm)
     if isinstance(prompt, str):
         return lm.encode(prompt_text(lm, prompt, max_new_tokens, truncate))
@@ -73,7 +82,18 @@ def _prompt_ids(lm: LanguageModel, prompt: str | Sequence[int], max_new_tokens: 
     return ids
 
 
-def _bind(constraint: Constraint | None, lm: LanguageModel) -> Matcher:
+def bind_constraint(constraint: Constraint | None, lm: LanguageModel) -> Matcher:
+    """``constraint`` bound to the model's vocabulary (no constraint: any text), or a
+    ``TypeError`` naming what was given instead of a constraint.
+
+    >>> from adaptrack.lm.table import TableLM
+    >>> lm = TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> type(bind_constraint(None, lm)).__name__ != "NoneType"
+    True
+    >>> bind_constraint("01", lm)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: constraint must be an adaptrack.constraints.Constraint ...
+    """
     if constraint is None:
         return Anything().bind(lm.vocab)
     if not isinstance(constraint, Constraint):
@@ -84,10 +104,20 @@ def _bind(constraint: Constraint | None, lm: LanguageModel) -> Matcher:
     return constraint.bind(lm.vocab)
 
 
-def _fit_prompt(lm: LanguageModel, ids: list[int], max_new_tokens: int,
+def fit_prompt(lm: LanguageModel, ids: list[int], max_new_tokens: int,
                 truncate: bool) -> list[int]:
     """The prompt, refused (``PromptTooLongError``) or cut to its last tokens when it and
-    ``max_new_tokens`` do not fit the model's context (docs/design.md §6)."""
+    ``max_new_tokens`` do not fit the model's context (docs/design.md §6).
+
+    >>> from adaptrack.lm.table import TableLM
+    >>> lm = TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> lm.context_length = 5
+    >>> fit_prompt(lm, [0, 1, 0, 1], 2, truncate=True)
+    [1, 0, 1]
+    >>> fit_prompt(lm, [0, 1, 0, 1], 2, truncate=False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    adaptrack.errors.PromptTooLongError: the prompt has 4 tokens and max_new_tokens=2: ...
+    """
     context = getattr(lm, "context_length", None)
     if context is None or len(ids) + max_new_tokens <= context:
         return ids
@@ -104,16 +134,25 @@ def _fit_prompt(lm: LanguageModel, ids: list[int], max_new_tokens: int,
     )
 
 
-#: Bytes forced from the start that :func:`_require_room` reads at most (~5 µs a byte).
+#: Bytes forced from the start that :func:`require_room` reads at most (~5 µs a byte).
 FORCED_CHECK_BYTES = 1 << 16
 
 
-def _require_room(matcher: Matcher, max_new_tokens: int) -> None:
+def require_room(matcher: Matcher, max_new_tokens: int) -> None:
     """``NoValidSequenceError`` before any model work when the constraint's shortest
     complete sequence needs more than ``max_new_tokens`` tokens (docs/design.md §6): the
     matcher's ``min_new_tokens``, or the bytes it forces from the start over the longest
     token. A search could otherwise open every prefix of an empty language (hours on a real
-    model), and CD would answer an invalid text."""
+    model), and CD would answer an invalid text.
+
+    >>> from adaptrack.constraints import choice
+    >>> from adaptrack.lm.table import TableLM
+    >>> lm = TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    >>> require_room(bind_constraint(choice(["0101"]), lm), 5)  # 4 tokens and EOS fit
+    >>> require_room(bind_constraint(choice(["0101"]), lm), 3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    adaptrack.errors.NoValidSequenceError: ...
+    """
     need = int(getattr(matcher, "min_new_tokens", lambda: 1)())
     longest = matcher.vocab.max_token_len
     if need <= max_new_tokens and longest:
@@ -183,14 +222,14 @@ class PreparedCall:
         self.started = time.perf_counter() if started is None else started
         self.lm, self.n, self.seed, self.parallel = lm, o.n, o.seed, o.parallel
         self.on_sample = on_sample
-        self.ids = _fit_prompt(lm, _prompt_ids(lm, prompt, o.max_new_tokens,
+        self.ids = fit_prompt(lm, prompt_ids(lm, prompt, o.max_new_tokens,
                                                o.truncate_prompt),
                                o.max_new_tokens, o.truncate_prompt)
-        self.matcher = matcher = _bind(constraint, lm)
+        self.matcher = matcher = bind_constraint(constraint, lm)
         self.unconstrained = not METHODS[o.method].constrained
         free = constraint is None or isinstance(constraint, Anything)
         if not self.unconstrained and not o.allow_truncated:  # a cut text is a valid end
-            _require_room(matcher, o.max_new_tokens)
+            require_room(matcher, o.max_new_tokens)
         if METHODS[o.method].searches and not o.allow_truncated:
             if free:
                 warnings.warn(FreeTextWarning(

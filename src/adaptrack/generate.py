@@ -10,7 +10,14 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .call import PreparedCall, _bind, _fit_prompt, _prompt_ids, _require_room, check_lm
+from .call import (
+    PreparedCall,
+    bind_constraint,
+    check_lm,
+    fit_prompt,
+    prompt_ids,
+    require_room,
+)
 from .constraints.base import Constraint
 from .errors import AdaptrackError, NoValidSequenceError
 from .lm.base import LanguageModel
@@ -386,10 +393,10 @@ def exact_distribution(
     o = SamplingOptions.merged(options, overrides, "exact_distribution")
     if o.greedy:
         raise ValueError("exact_distribution needs temperature > 0, got 0")
-    ids = _fit_prompt(lm, _prompt_ids(lm, prompt, o.max_new_tokens), o.max_new_tokens, False)
-    matcher = _bind(constraint, lm)
+    ids = fit_prompt(lm, prompt_ids(lm, prompt, o.max_new_tokens), o.max_new_tokens, False)
+    matcher = bind_constraint(constraint, lm)
     if not o.allow_truncated:
-        _require_room(matcher, o.max_new_tokens)
+        require_room(matcher, o.max_new_tokens)
     tree = PrefixTree(lm, ids, matcher, temperature=o.temperature, top_p=o.top_p,
                       max_new_tokens=o.max_new_tokens, max_nodes=o.max_nodes,
                       max_seconds=o.max_seconds,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..call import _fit_prompt
+from ..call import fit_prompt
 from ..constraints.base import Constraint
 from ..constraints.compose import with_stop
 from ..errors import GrammarError, PromptTooLongError
@@ -177,7 +177,7 @@ def _encode(lm: LanguageModel, text: str, param: str, max_tokens: int | None) ->
     bytes before it is tokenized, or from its tokens at once (docs/security.md)."""
     try:
         ids = list(lm.encode(prompt_text(lm, text, max_tokens or 1, what=f"'{param}'")))
-        return _fit_prompt(lm, ids, max_tokens or 1, False)
+        return fit_prompt(lm, ids, max_tokens or 1, False)
     except PromptTooLongError as err:
         raise error_for(err, param) from None
     except (ValueError, TypeError) as err:
