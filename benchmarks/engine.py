@@ -26,6 +26,7 @@ Run:  python benchmarks/engine.py                       (full run; about 5-10 mi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import inspect
 import statistics
@@ -55,7 +56,9 @@ def log(msg: str) -> None:
 def require_engine() -> None:
     """Exit with a message when this adaptrack has no ``parallel`` switch or does not take a
     list of prompts: the benchmark then measures nothing meaningful."""
-    if "parallel" not in inspect.signature(at.generate).parameters:
+    options = getattr(at, "SamplingOptions", None)
+    declared = {f.name for f in dataclasses.fields(options)} if options is not None else set()
+    if "parallel" not in set(inspect.signature(at.generate).parameters) | declared:
         sys.exit(f"benchmarks/engine.py: adaptrack.generate ({at.__file__}) has no `parallel` "
                  "parameter, so shared-Q methods cannot be run in parallel; run it on a tree "
                  "whose generate has the engine")

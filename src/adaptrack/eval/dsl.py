@@ -27,7 +27,6 @@ Jobs are ``<problem id>/<method>`` (and ``<problem id>/target``); the dataset se
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -190,7 +189,7 @@ class DslTask(ModelTask):
 
     def options(self, problem: str, method: str) -> dict[str, Any]:
         """Every keyword of this task's ``generate`` calls (``exact_distribution`` takes
-        those it knows): the one place they are set."""
+        them but the method and reads those it applies): the one place they are set."""
         return {**PAPER_OPTIONS, "method": method, "n": self.n, "temperature": self.temperature,
                 "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
                 "max_seconds": self.max_seconds, "truncate_prompt": True,
@@ -211,9 +210,8 @@ class DslTask(ModelTask):
         options = self.options(problem.id, job["method"])
         try:
             if job["method"] == "target":
-                known = inspect.signature(exact_distribution).parameters
                 dist = exact_distribution(self.lm, ids, constraint, **{
-                    k: v for k, v in options.items() if k in known and k != "prompt"})
+                    k: v for k, v in options.items() if k != "method"})
                 decode = self.lm.vocab.decode
                 rows = [[list(s), p, decode(s).decode("utf-8", "replace")]
                         for s, p in sorted(dist.items(), key=lambda kv: -kv[1])]
