@@ -19,7 +19,7 @@ from ..constraints import API_TERMINATORS, Choice, anything, api_names
 from . import checks
 from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, Check, fields
 from .jobs import Job, Record
-from .modeltask import ModelTask, check_methods, seed_for
+from .modeltask import Call, ModelTask, check_methods, paper_options, seed_for
 from .sweeps import (
     backtrack_label,
     backtrack_ok,
@@ -237,15 +237,13 @@ class ApiTask(ModelTask):
             # Unconstrained stops where the name ends, like the constrained methods.
             constraint = (anything(API_TERMINATORS) if setting is None
                           else setting_constraint(setting, self.version))
-            options = dict(prompt=p.prompt, constraint=constraint, method=method,
-                           max_new_tokens=self.max_new_tokens,
-                           seed=seed_for(self.seed, p.id, method, setting))
-            if b is not None:
-                options["max_backtrack"] = b
+            options = paper_options(method=method, max_new_tokens=self.max_new_tokens,
+                                    seed=seed_for(self.seed, p.id, method, setting),
+                                    max_backtrack=b)
             calls.append(({"key": job["key"], "problem": p.id, "method": method,
                            "setting": setting, "oracle": oracle, "temperature": temperature,
-                           "max_backtrack": b}, options))
-        self.prepare(list(dict.fromkeys(options["prompt"] for _, options in calls)))
+                           "max_backtrack": b}, Call(p.prompt, constraint, options)))
+        self.prepare(list(dict.fromkeys(call.prompt for _, call in calls)))
 
         def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:
             return {**head,

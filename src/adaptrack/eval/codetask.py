@@ -39,7 +39,7 @@ from ..constraints.stop import cut_text
 from ..errors import AdaptrackError
 from ..tokenization.vocab import Vocabulary
 from .jobs import Job, Record
-from .modeltask import ModelTask, check_methods, seed_for
+from .modeltask import Call, ModelTask, check_methods, paper_options, seed_for
 from .sandbox import Outcome, require_isolation, run_program
 
 if TYPE_CHECKING:
@@ -280,11 +280,11 @@ class CodeTask(ModelTask):
             constraint = (anything(stop=p.stop) if method == "unconstrained"
                           else self._constraint(p))
             calls.append(({"key": job["key"], "problem": p.task_id, "method": method},
-                          dict(prompt=p.prompt, constraint=constraint, method=method,
-                               max_new_tokens=self.max_new_tokens, top_p=self.top_p,
-                               max_seconds=self.max_seconds,
-                               allow_truncated=self.allow_truncated,
-                               seed=seed_for(self.seed, p.task_id, method))))
+                          Call(p.prompt, constraint, paper_options(
+                              method=method, max_new_tokens=self.max_new_tokens,
+                              top_p=self.top_p, max_seconds=self.max_seconds,
+                              allow_truncated=self.allow_truncated,
+                              seed=seed_for(self.seed, p.task_id, method)))))
 
         def finish(head: Record, greedy: GenerationResult, sampled: GenerationResult) -> Record:
             return {**head, "texts": [greedy.samples[0].text, *sampled.texts],

@@ -7,15 +7,28 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import AdaptrackError
+from ..options import SamplingOptions
 from .jobs import Record
 
 if TYPE_CHECKING:
+    from ..constraints.base import Constraint
     from ..generate import GenerationResult
 
-__all__ = ["PAPER_OPTIONS", "ModelTask", "check_methods", "check_study", "seed_for"]
+__all__ = ["PAPER_OPTIONS", "Call", "ModelTask", "check_methods", "check_study",
+           "paper_options", "seed_for"]
+
+
+class Call(NamedTuple):
+    """One job's ``generate`` call: its prompt, constraint and options (the sampled call's
+    but ``n`` and ``temperature``, which :meth:`ModelTask.greedy_and_sampled` sets)."""
+
+    prompt: Any
+    constraint: Constraint | None
+    options: SamplingOptions
 
 
 def seed_for(seed: int, *parts: Any) -> int:
@@ -68,10 +81,10 @@ class ModelTask:
                 "device": self.device, **precision}
 
     def greedy_and_sampled(
-        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
+        self, calls: list[tuple[Record, Call]], n: int, temperature: float,
         batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
     ) -> list[Record]:
-        """Per ``(head, options)``: one greedy and ``n`` sampled ``generate`` calls, all on one
+        """Per ``(head, call)``: one greedy and ``n`` sampled ``generate`` calls, all on one
         engine; ``finish(head, greedy, sampled)`` makes the record. A job whose calls raised
         an ``AdaptrackError`` gets ``{**head, "error": ...}``: the run goes on and the report
         scores it as a miss; any other exception is a bug and propagates. The records in
@@ -83,16 +96,18 @@ class ModelTask:
         return records
 
     def greedy_and_sampled_each(
-        self, calls: list[tuple[Record, dict[str, Any]]], n: int, temperature: float,
+        self, calls: list[tuple[Record, Call]], n: int, temperature: float,
         batch_size: int, finish: Callable[[Record, GenerationResult, GenerationResult], Record],
     ) -> Iterator[tuple[int, Record]]:
         """:meth:`greedy_and_sampled`, yielding ``(index in calls, record)`` as each job's
         two calls are done."""
         from ..generate import generate_each_as_done
 
-        served = generate_each_as_done(self.lm, [c for _, options in calls for c in (
-            dict(PAPER_OPTIONS, **options, temperature=0),
-            dict(PAPER_OPTIONS, **options, n=n, temperature=temperature))],
+        served = generate_each_as_done(self.lm, [
+            dict(prompt=call.prompt, constraint=call.constraint, options=options)
+            for _, call in calls for options in (
+                replace(call.options, n=1, temperature=0),
+                replace(call.options, n=n, temperature=temperature))],
             batch_size=batch_size)
         half: dict[int, Any] = {}  # a job's call that finished first
         for i, outcome in served:
@@ -116,6 +131,16 @@ class ModelTask:
 #: have none; a task bounds them by ``max_seconds``) and a search past its budget scored as
 #: a miss, never finished by the CD fallback (docs/design.md §2, §6).
 PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "search_budget": None, "fallback": None}
+
+
+def paper_options(**given: Any) -> SamplingOptions:
+    """:data:`PAPER_OPTIONS` with ``given`` (any :class:`SamplingOptions` field).
+
+    >>> opts = paper_options(method="cd", max_new_tokens=8)
+    >>> opts.end, opts.search_budget, opts.fallback, opts.max_new_tokens
+    ('eos', None, None, 8)
+    """
+    return SamplingOptions(**{**PAPER_OPTIONS, **given})
 
 
 def check_study(study: str, n: int, most: int, temperature: float) -> None:
