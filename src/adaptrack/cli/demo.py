@@ -8,8 +8,8 @@ import argparse
 import sys
 
 from .. import testing
-from ..lm.load import BACKENDS, DEVICES, DTYPES
 from .common import UsageError, non_negative_int, positive_int
+from .model import add_model_arguments
 
 HELP = "compare CD, ASAp, AdapTrack and exact sampling"
 DESCRIPTION = ("Compare the methods on the default (or given) model: the paper's Figure 3 and "
@@ -25,13 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "2000 for a toy problem)")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="random seed, >= 0 (default: 0)")
-    parser.add_argument("--model", metavar="SPEC",
-                        help="model for the model demo (default: the default model)")
-    parser.add_argument("--backend", choices=BACKENDS, help="backend for the model demo")
-    parser.add_argument("--device", choices=DEVICES, help="device for the model demo")
-    parser.add_argument("--dtype", choices=DTYPES,
-                        help="weight precision for the model demo, transformers only "
-                             "(default: auto: float16 on CUDA, float32 on a CPU)")
+    add_model_arguments(parser, purpose=" for the model demo", auto=None)
 
 
 def run(args: argparse.Namespace) -> int:

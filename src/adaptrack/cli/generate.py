@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from ..errors import AdaptrackError, PromptTooLongError, SearchTimeoutError
 from ..generate import GenerationResult, Sample, SearchFallbackWarning, generate
 from ..limits import prompt_byte_limit
-from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
+from ..lm.load import load_model
 from .common import (
     UsageError,
     add_constraint_arguments,
@@ -31,6 +31,7 @@ from .common import (
     sampling_options,
     utf8_text,
 )
+from .model import add_model_arguments
 from .prompt import open_prompt, read_prompt
 
 HELP = "sample continuations of a prompt under a constraint"
@@ -39,19 +40,7 @@ DESCRIPTION = ("Sample continuations of a prompt, optionally constrained: choice
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="SPEC",
-                        help="a .gguf path, a Hugging Face model id or a local model directory "
-                             "(default: the default model, see `adaptrack setup`)")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto",
-                        help="model backend (default: auto: llama.cpp for a .gguf when "
-                             "installed)")
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="device (default: auto: CUDA when available)")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto",
-                        help="weight precision, transformers only (default: auto: float16 on "
-                             "CUDA, float32 on a CPU; bfloat16 is about 1.9x faster on CPUs "
-                             "with AVX-512 BF16 and samples a nearby model; float16 is slow on "
-                             "a CPU)")
+    add_model_arguments(parser)
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="the prompt text")
     prompt.add_argument("--prompt-file", metavar="PATH",

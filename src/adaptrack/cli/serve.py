@@ -22,9 +22,10 @@ from typing import Any
 
 from ..generate import MAX_SECONDS
 from ..lm.default import GGUF_NAME
-from ..lm.load import BACKENDS, DEVICES, DTYPES, load_model
+from ..lm.load import load_model
 from ..serve.engine_loop import SEARCH_SECONDS, TREE_CACHE_BYTES
 from .common import UsageError, limit, non_negative_int, positive_int, utf8_text
+from .model import add_model_arguments
 
 HELP = "serve the model over an OpenAI-compatible HTTP API"
 DESCRIPTION = ("Serve the model over HTTP with OpenAI's API (/v1/completions, "
@@ -73,27 +74,8 @@ def host_names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_model_arguments(parser)
+    add_model_arguments(parser, threads=True)  # the model the server loads, and how
     _add_server_arguments(parser)
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model the server loads, and how."""
-    parser.add_argument("--model", metavar="SPEC",
-                        help="a .gguf path, a Hugging Face model id or a local model directory "
-                             "(default: the default model, see `adaptrack setup`)")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto",
-                        help="model backend (default: auto: llama.cpp for a .gguf when "
-                             "installed)")
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="device (default: auto: CUDA when available)")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto",
-                        help="weight precision, transformers only (default: auto: float16 on "
-                             "CUDA, float32 on a CPU; bfloat16 is about 1.9x faster on CPUs "
-                             "with AVX-512 BF16 and samples a nearby model; float16 is slow on "
-                             "a CPU)")
-    parser.add_argument("--threads", type=positive_int, metavar="N",
-                        help="CPU threads for the model (default: the backend's)")
 
 
 def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
