@@ -44,7 +44,7 @@ def test_study_on_an_exact_model(tmp_path: Path) -> None:
     task._lm = _uniform_bits()
     # The paper's searches: the eos target, no budget of model calls, no CD fallback.
     options = task.options("binary_1", "exact")
-    assert (options["end"], options["search_budget"], options["fallback"]) == ("eos", None, None)
+    assert (options.end, options.search_budget, options.fallback) == ("eos", None, None)
     assert [j["key"] for j in task.jobs()] == [
         "cp_1/cd", "cp_1/adaptrack", "cp_1/exact",
         "binary_1/target", "binary_1/cd", "binary_1/adaptrack", "binary_1/exact"]

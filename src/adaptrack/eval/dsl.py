@@ -35,12 +35,13 @@ from typing import Any
 
 from ..errors import AdaptrackError
 from ..limits import loads
+from ..options import SamplingOptions
 from . import checks
 from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields
 from .codetask import file_digest
 from .dslreport import dsl_report, dsl_scores
 from .jobs import Job, Record
-from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
+from .modeltask import ModelTask, check_methods, check_study, paper_options, seed_for
 from .taskspec import Option, TaskSpec, methods_option, model_options
 
 #: Dataset file stems and the names the paper's Table 4 gives them, in its column order.
@@ -187,14 +188,16 @@ class DslTask(ModelTask):
             out += [{"key": f"{p.id}/{m}", **head, "method": m} for m in self.methods]
         return out
 
-    def options(self, problem: str, method: str) -> dict[str, Any]:
-        """Every keyword of this task's ``generate`` calls (``exact_distribution`` takes
-        them but the method and reads those it applies): the one place they are set."""
-        return {**PAPER_OPTIONS, "method": method, "n": self.n, "temperature": self.temperature,
-                "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
-                "max_seconds": self.max_seconds, "truncate_prompt": True,
-                "seed": seed_for(self.seed, problem, method),
-                **({"share_q": True} if method == "adaptrack" else {})}
+    def options(self, problem: str, method: str) -> SamplingOptions:
+        """The options of this task's ``generate`` call for ``method`` (for ``"target"``,
+        ``exact_distribution``'s, which reads those that apply): the one place they are
+        set."""
+        return paper_options(
+            **({} if method == "target" else {"method": method}), n=self.n,
+            temperature=self.temperature, top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens, max_seconds=self.max_seconds,
+            truncate_prompt=True, seed=seed_for(self.seed, problem, method),
+            share_q=method == "adaptrack")
 
     def run(self, job: Job) -> Record:
         from ..constraints import ebnf
@@ -210,18 +213,17 @@ class DslTask(ModelTask):
         options = self.options(problem.id, job["method"])
         try:
             if job["method"] == "target":
-                dist = exact_distribution(self.lm, ids, constraint, **{
-                    k: v for k, v in options.items() if k != "method"})
+                dist = exact_distribution(self.lm, ids, constraint, options=options)
                 decode = self.lm.vocab.decode
                 rows = [[list(s), p, decode(s).decode("utf-8", "replace")]
                         for s, p in sorted(dist.items(), key=lambda kv: -kv[1])]
                 return {**head, "target": rows, "seconds": time.perf_counter() - started}
-            res = generate(self.lm, ids, constraint, **options)
+            res = generate(self.lm, ids, constraint, options=options)
         except AdaptrackError as err:
             return {**head, "error": f"{type(err).__name__}: {err}",
                     "seconds": time.perf_counter() - started}
         return {
-            **head, **({"share_q": True} if options.get("share_q") else {}),
+            **head, **({"share_q": True} if options.share_q else {}),
             "samples": [list(s.tokens) for s in res.samples],
             "texts": res.texts,
             "logprobs": [s.logprob for s in res.samples],
