@@ -32,7 +32,7 @@ from ..errors import AdaptrackError
 from . import metrics
 from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, fields, samples_match
 from .jobs import Job, Record
-from .modeltask import PAPER_OPTIONS, ModelTask, check_methods, check_study, seed_for
+from .modeltask import ModelTask, check_methods, check_study, paper_options, seed_for
 from .tables import METHOD_NAMES, header_line, iid_kls, method_table, ordered_methods, pyplot
 from .taskspec import Option, TaskSpec, methods_option, model_options
 
@@ -101,12 +101,12 @@ class BinaryTask(ModelTask):
                     for s, p in sorted(dist.items(), key=lambda kv: -kv[1])]
             return {"key": "target", "target": rows, "seconds": time.perf_counter() - started}
         method = job["method"]
-        options: dict[str, Any] = {"share_q": True} if method == "adaptrack" else {}
-        res = generate(self.lm, self.prompt, constraint(), method=method, n=self.n,
-                       temperature=self.temperature, max_new_tokens=MAX_NEW_TOKENS,
-                       seed=seed_for(self.seed, method), **PAPER_OPTIONS, **options)
+        options = paper_options(method=method, n=self.n, temperature=self.temperature,
+                                max_new_tokens=MAX_NEW_TOKENS, seed=seed_for(self.seed, method),
+                                share_q=method == "adaptrack")
+        res = generate(self.lm, self.prompt, constraint(), options=options)
         return {
-            "key": method, "method": method, **({"share_q": True} if options else {}),
+            "key": method, "method": method, **({"share_q": True} if options.share_q else {}),
             "samples": [list(s.tokens) for s in res.samples],
             "texts": res.texts,
             "logprobs": [s.logprob for s in res.samples],
