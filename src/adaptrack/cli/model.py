@@ -1,12 +1,14 @@
-"""The flags of every subcommand that loads a model (``generate``, ``serve``, ``demo``):
-which model and how it loads, written once."""
+"""The flags of ``generate``, ``serve`` and ``demo`` that say which model to load and how:
+those of ``adaptrack eval``'s tasks (:func:`adaptrack.eval.taskspec.loading_options`, where
+they are written once)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..lm.load import BACKENDS, DEVICES, DTYPES
+from ..eval.taskspec import loading_options
 from .common import positive_int
+from .eval import add_option
 
 __all__ = ["add_model_arguments"]
 
@@ -25,20 +27,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, threads: bool = Fals
     >>> args.model, args.backend, args.device, args.dtype
     (None, 'auto', 'cpu', 'auto')
     """
-    parser.add_argument("--model", metavar="SPEC",
-                        help=f"a .gguf path, a Hugging Face model id or a local model "
-                             f"directory{purpose} (default: the default model, see "
-                             "`adaptrack setup`)")
-    parser.add_argument("--backend", choices=BACKENDS, default=auto,
-                        help=f"model backend{purpose} (default: auto: llama.cpp for a .gguf "
-                             "when installed)")
-    parser.add_argument("--device", choices=DEVICES, default=auto,
-                        help=f"device{purpose} (default: auto: CUDA when available)")
-    parser.add_argument("--dtype", choices=DTYPES, default=auto,
-                        help=f"weight precision{purpose}, transformers only (default: auto: "
-                             "float16 on CUDA, float32 on a CPU; bfloat16 is about 1.9x faster "
-                             "on CPUs with AVX-512 BF16 and samples a nearby model; float16 is "
-                             "slow on a CPU)")
+    for option in loading_options(auto, auto=auto, purpose=purpose):
+        add_option(parser, option)
     if threads:
         parser.add_argument("--threads", type=positive_int, metavar="N",
                             help="CPU threads for the model (default: the backend's)")
