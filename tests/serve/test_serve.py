@@ -25,6 +25,7 @@ openai = pytest.importorskip("openai", reason="the serve tests use the openai cl
 uvicorn = pytest.importorskip("uvicorn", reason="adaptrack serve needs the serve extra")
 pytest.importorskip("starlette", reason="adaptrack serve needs the serve extra")
 
+from loopback import chat_template, serving  # noqa: E402
 from stats import chi_square_p  # noqa: E402
 from stops import (  # noqa: E402
     STOP_PROMPT,
@@ -36,10 +37,8 @@ from stops import (  # noqa: E402
 )
 
 import adaptrack as at  # noqa: E402
-from adaptrack.cli.serve import listen  # noqa: E402
 from adaptrack.constraints import with_stop  # noqa: E402
 from adaptrack.eval.codetask import cut_at_stop  # noqa: E402
-from adaptrack.serve.app import create_app  # noqa: E402
 from adaptrack.serve.protocol import MAX_N  # noqa: E402
 
 # -- a toy model: printable ASCII, a few longer tokens, EOS; weights depend on context ------
@@ -60,31 +59,6 @@ def toy_lm(context_length: int | None = 256) -> at.TableLM:
     lm = at.TableLM(VOCAB, weights, eos=EOS)
     lm.context_length = context_length
     return lm
-
-
-def chat_template(messages: list[dict[str, str]]) -> str:
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-
-
-@contextlib.contextmanager
-def serving(lm: at.LanguageModel, **options):
-    """A server on a free loopback port in a thread; yields its base URL, then stops it."""
-    options.setdefault("chat_template", chat_template)
-    app = create_app(lm, model_name="toy", **options)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    sock = listen("127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app.state.server
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 def client(url: str, key: str = "none") -> openai.OpenAI:
