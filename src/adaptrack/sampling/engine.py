@@ -202,7 +202,7 @@ class Engine:
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
             over = [(i, why) for i, s in req._slots.items() if s.searching
-                    and (why := req.policy.past_share(s.rows)) is not None
+                    and (why := req.policy.past_share(s.rows, req.tree)) is not None
                     and any(id(n) in need for n in _waited(s.waits))]
             if not over:
                 break
@@ -332,7 +332,7 @@ class Engine:
             slot.waits = next(slot.walk)
         except StopIteration as stop:
             del req._slots[i]
-            req.policy.sample_done(req.tree, i in req.fallen)
+            req.policy.sample_done(req.tree, i in req.fallen, stop.value)
             req.on_done(i, stop.value, len(slot.seen))
 
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:

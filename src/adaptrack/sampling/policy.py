@@ -33,6 +33,14 @@ from .tree import Node, PrefixTree
 #: to a few hundred.
 SEARCH_TOKENS = 64
 
+#: The early hand-over (docs/design.md §6): a search that has spent this many times what CD
+#: would spend on its samples hands them to CD, so a request whose search cannot finish costs
+#: about (EARLY_RATIO + 1) x CD in all instead of its whole budget and CD on top.
+EARLY_RATIO = 3.0
+#: The early hand-over never comes before a sample's search made this many model calls: CD's
+#: cost is estimated from how deep the search reached, which is little at the start.
+EARLY_FLOOR = 16
+
 
 class BudgetPolicy:
     """The budgets of a request of ``n`` samples: ``sample_calls`` model calls a sample
@@ -45,8 +53,13 @@ class BudgetPolicy:
     """
 
     def __init__(self, *, sample_calls: float | None = None, n: int = 1,
-                 fallback_tries: int | None = None) -> None:
+                 fallback_tries: int | None = None, early: float | None = None) -> None:
         self.sample_calls, self.n, self.fallback_tries = sample_calls, n, fallback_tries
+        #: The early hand-over's ratio to CD's estimated cost (None: only the budget).
+        self.early = early if fallback_tries is not None else None
+        self._need = 1  # the fewest tokens a valid text takes (the constraint's bound)
+        self._calls_at_bind = 0
+        self._drawn: list[int] = []  # the tokens of each sample the search drew
         #: Model rows each sample's walk may cause (``Request.share``), or None.
         self.share: int | None = None
         self._held: int | None = None  # the whole call budget, while the first sample is due
@@ -66,7 +79,8 @@ class BudgetPolicy:
         """
         share = None if search_budget is None else search_budget * max(max_new_tokens,
                                                                         SEARCH_TOKENS)
-        return cls(sample_calls=share, n=n, fallback_tries=fallback_tries)
+        return cls(sample_calls=share, n=n, fallback_tries=fallback_tries,
+                   early=None if share is None else EARLY_RATIO)
 
     @staticmethod
     def request_calls(sample_calls: float | None, n: int) -> int | None:
@@ -87,6 +101,8 @@ class BudgetPolicy:
         tree reused from an earlier call)."""
         calls = self.max_calls
         tree.max_calls = None if calls is None else tree.lm_calls + calls
+        self._calls_at_bind = tree.lm_calls
+        self._need = max(1, int(getattr(tree.matcher, "min_new_tokens", lambda: 1)()))
 
     def start(self, method: Method) -> None:
         """The request starts: with the fallback, a sample's share replaces the request's
@@ -105,9 +121,11 @@ class BudgetPolicy:
             tree.max_calls = held - whole + math.ceil(calls * (self.n + 1) / 2)
             tree.budgets.calls_rule = FIRST_SAMPLE_RULE
 
-    def sample_done(self, tree: PrefixTree, fell: bool) -> None:
-        """A sample finished (``fell``: the fallback drew it): the first the method drew
-        gives the request its whole budget back."""
+    def sample_done(self, tree: PrefixTree, fell: bool, node: Node | None = None) -> None:
+        """A sample finished at ``node`` (``fell``: the fallback drew it): the first the
+        method drew gives the request its whole budget back."""
+        if not fell and node is not None:
+            self._drawn.append(node.depth)
         if self._held is not None and not fell and tree.max_calls is not None:
             tree.max_calls, self._held = self._held, None
             tree.budgets.calls_rule = CALLS_RULE
@@ -120,14 +138,62 @@ class BudgetPolicy:
         if self.searching:
             self.check_search(tree)
 
-    def check_search(self, tree: PrefixTree) -> None:
-        """A rule that hands the search over before its budgets are spent raises its own
-        ``SearchLimitError`` here, with a message naming the rule: none by default."""
+    def cd_calls(self, tree: PrefixTree) -> float:
+        """CD's estimated model calls for one sample of ``tree``'s request: the tokens of the
+        longest of the constraint's bound, the deepest prefix the model evaluated and the
+        mean sample the search drew (an over-estimate where chains feed forced tokens).
 
-    def past_share(self, rows: int) -> CallLimitError | None:
+        >>> import adaptrack as at
+        >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+        >>> tree = PrefixTree(lm, [], at.constraints.choice(["aaaa"]).bind(lm.vocab))
+        >>> policy = BudgetPolicy(fallback_tries=4, early=2.0); policy.bind(tree)
+        >>> policy.cd_calls(tree)    # a a a a <eos>
+        5.0
+        """
+        drawn = sum(self._drawn) / len(self._drawn) if self._drawn else 0.0
+        return float(max(self._need, tree.deepest, drawn))
+
+    def early_calls(self, tree: PrefixTree) -> int | None:
+        """The model calls a sample's search may make before the early hand-over (None: no
+        early hand-over): :data:`EARLY_RATIO` x :meth:`cd_calls`, at least
+        :data:`EARLY_FLOOR`."""
+        if self.early is None:
+            return None
+        return max(EARLY_FLOOR, math.ceil(self.early * self.cd_calls(tree)))
+
+    def check_search(self, tree: PrefixTree) -> None:
+        """The early hand-over of samples that share one Q: once the search made
+        :meth:`early_calls` a sample for each of the ``n``, it hands the request over unless
+        the samples it drew say the rest come within one more CD's cost (the rate at which
+        it draws them). Independent samples hand over one by one (:meth:`past_share`)."""
+        early = self.early_calls(tree)
+        if early is None or self.share is not None:
+            return
+        spent, drawn = tree.lm_calls - self._calls_at_bind, len(self._drawn)
+        if spent < early * self.n:
+            return
+        cd = self.cd_calls(tree) * self.n
+        if drawn and spent * self.n / drawn <= (self.early + 1) * cd:  # type: ignore[operator]
+            return
+        raise CallLimitError(
+            f"the search made {spent} model calls and drew {drawn} of {self.n} samples, "
+            f"past {self.early:g} x CD's estimated cost ({math.ceil(cd)} calls); CD draws "
+            "the rest (set search_budget=None to search without this limit)")
+
+    def past_share(self, rows: int, tree: PrefixTree | None = None) -> CallLimitError | None:
         """Why a sample's walk that caused ``rows`` model rows and needs one more hands over
-        to the fallback, or None while it may go on."""
-        if self.share is None or rows < self.share:
+        to the fallback, or None while it may go on: its share of the budget, or with
+        ``tree`` the early hand-over (:meth:`early_calls`)."""
+        if self.share is None:
+            return None
+        early = None if tree is None else self.early_calls(tree)
+        if early is not None and early < self.share and rows >= early:
+            return CallLimitError(
+                f"a sample's walk made {rows} model calls, {self.early:g} x CD's estimated "
+                f"cost of a sample ({math.ceil(self.cd_calls(tree))} calls: the early "  # type: ignore[arg-type]
+                "hand-over); CD draws it (set search_budget=None to search without this "
+                "limit)")
+        if rows < self.share:
             return None
         return CallLimitError(
             f"a sample's walk made {rows} model calls, its share of the budget "

@@ -95,6 +95,8 @@ class PrefixTree:
         self.allow_truncated = allow_truncated
         self.restrict_length = restrict_length and not allow_truncated
         self.lm_calls = 0
+        #: The most tokens of a prefix the model has evaluated: how far the walks reached.
+        self.deepest = 0
         self.budgets = Budgets(max_nodes=max_nodes, max_opened_bytes=max_opened_bytes,
                                max_seconds=max_seconds, max_calls=max_calls)
         start = matcher.start()
@@ -230,6 +232,7 @@ class PrefixTree:
         self.nodes.trim(nodes)
 
     def _keep(self, node: Node, logprobs: np.ndarray) -> Expansion:
+        self.deepest = max(self.deepest, node.depth)
         expansion = self.expander.expansion(node, logprobs)
         self.nodes.keep(node, expansion)
         return expansion

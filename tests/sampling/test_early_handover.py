@@ -1,0 +1,84 @@
+"""The early hand-over (docs/design.md §6): a search that has spent EARLY_RATIO x CD's
+estimated cost hands the samples it has not drawn to CD, so that a request whose search
+cannot finish costs about (EARLY_RATIO + 1) x CD, not its whole budget and CD on top."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+
+import adaptrack as at
+from adaptrack.sampling.policy import EARLY_FLOOR, EARLY_RATIO, BudgetPolicy
+from adaptrack.sampling.tree import PrefixTree
+from adaptrack.testing import hashed_weights
+
+LETTERS = [chr(ord("a") + i).encode() for i in range(16)]
+SEARCHES = [("adaptrack", {}), ("adaptrack", {"share_q": True}), ("exact", {})]
+
+
+def crawl_lm() -> at.TableLM:
+    """EOS is rare after a letter: under end="eos" the searches crawl (hundreds of calls)
+    where CD takes one walk a sample."""
+    weights = hashed_weights(len(LETTERS))
+    return at.TableLM([*LETTERS, b"<eos>"],
+                      lambda prefix: [*weights(prefix), 0.05 if prefix else 0.0],
+                      eos=len(LETTERS))
+
+
+def run(method: str, budget: float | None, letters: int = 10,
+        **kwargs: object) -> at.GenerationResult:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.SearchFallbackWarning)
+        return at.generate(crawl_lm(), [], at.constraints.regex(f"[a-p]{{{letters}}}[a-d]?"),
+                           method=method, n=5, seed=0, max_new_tokens=letters + 2, end="eos",
+                           search_budget=budget, **kwargs)
+
+
+@pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
+def test_a_search_that_cannot_finish_hands_over_at_about_three_cds(method, kwargs):
+    cd = run("cd", None).stats["lm_calls"]
+    # A budget 50 times CD's worst case: only the early rule stops the search.
+    res = run(method, 50.0, **kwargs)
+    assert sum(s.fallback for s in res.samples) >= 4
+    assert all(re.fullmatch("[a-p]{10}[a-d]?", s.text) for s in res.samples)
+    # The search's share (EARLY_RATIO x the 12 tokens of a sample, each of the 5) and CD's
+    # walks, which reuse the prefixes the search asked for.
+    search = 5 * max(EARLY_FLOOR, EARLY_RATIO * 12)
+    assert res.stats["lm_calls"] <= search + 2 * cd
+    assert res.stats["lm_calls"] <= (EARLY_RATIO + 1.5) * cd
+
+
+@pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
+def test_without_a_budget_the_search_is_not_cut_short(method, kwargs):
+    res = run(method, None, letters=2, **kwargs)
+    assert res.stats["lm_calls"] > 10 * run("cd", None, letters=2).stats["lm_calls"]
+    assert not any(s.fallback for s in res.samples)
+
+
+def test_the_fallback_says_it_was_the_early_hand_over():
+    with pytest.warns(at.SearchFallbackWarning, match="CD's estimated cost"):
+        at.generate(crawl_lm(), [], at.constraints.regex("[a-p]{10}[a-d]?"), n=2, seed=0,
+                    max_new_tokens=12, end="eos", search_budget=50.0)
+
+
+@pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
+def test_a_search_that_draws_its_samples_keeps_them(method, kwargs):
+    """Every sample of a request its search finishes within the early share is its own."""
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 2], eos=2)
+    res = at.generate(lm, [], at.constraints.choice(["ab", "ba", "aab"]), method=method, n=8,
+                      seed=1, max_new_tokens=4, **kwargs)
+    assert not any(s.fallback for s in res.samples)
+
+
+def test_cd_cost_is_estimated_from_the_bound_the_tree_and_the_samples():
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    tree = PrefixTree(lm, [], at.constraints.choice(["aaaa", "ab"]).bind(lm.vocab))
+    policy = BudgetPolicy(fallback_tries=4, early=2.0)
+    policy.bind(tree)
+    assert policy.cd_calls(tree) == 3  # "ab" and its EOS
+    tree.deepest = 4
+    assert policy.cd_calls(tree) == 4
+    assert policy.early_calls(tree) == EARLY_FLOOR  # 2 x 4 is less than the floor
+    assert BudgetPolicy(fallback_tries=None, early=2.0).early_calls(tree) is None
