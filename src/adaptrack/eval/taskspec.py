@@ -110,7 +110,7 @@ class Sampling:
         declared = {name: (flag, default) for name, flag, default in option_flags()}
         if self.name not in declared:
             raise ValueError(f"{self.name!r} is not a sampling option; the flags of the "
-                             f"others are task options (Option)")
+                             "others are task options (Option)")
         flag, default = declared[self.name]
         if self.default is _FIELD:
             object.__setattr__(self, "default", default)  # the field's, once it is known
@@ -137,8 +137,10 @@ class Sampling:
         return self.flag.describe(self.default, self.note)
 
     def value(self, values: Mapping[str, Any]) -> tuple[str, Any]:
-        """The task's keyword and value from the parsed ``values``."""
-        return self.name, values[self.name]
+        """The task's keyword and value from the parsed ``values`` (a choice's ``none``:
+        None, as for ``generate``)."""
+        got = values[self.name]
+        return self.name, None if self.flag.reads == "choice" and got == "none" else got
 
 
 #: A task's flag: a sampling option's or one of the task's own.
