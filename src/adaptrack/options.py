@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -109,26 +110,73 @@ def check_limit(name: str, value: Any) -> float | None:
     return None if math.isinf(limit) else limit
 
 
+#: The words of :attr:`Flag.reads` that name a parser of the text (``adaptrack.cli.common.
+#: PARSERS``), as an evaluation task's own flags do; the others are choice, switch, negated.
+PARSED = ("count", "natural", "non_negative", "positive", "probability", "fraction", "limit",
+          "walks")
+
+#: How a flag's help spells a default of None, by what the flag reads (else ``none``).
+NONE_SPELLING = {"choice": "none", "limit": "inf", "walks": "auto"}
+
+
 @dataclass(frozen=True)
 class Flag:
     """How an option is spelled on the command line; ``adaptrack.cli.common`` makes the
-    argparse flag from it. ``reads`` says what the flag takes: ``"count"`` (an int >= 1),
-    ``"natural"`` (an int >= 0), ``"non_negative"`` (a finite number >= 0),
-    ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]), ``"limit"`` (a budget: > 0,
-    ``inf`` for None), ``"choice"`` (one of ``choices``; ``"none"`` stands for None),
-    ``"walks"`` (``auto``, ``on``, ``off`` or a count), ``"switch"`` (present: True) or
-    ``"negated"`` (present: False)."""
+    argparse flag from it, for ``generate`` and for the evaluation tasks' flags that are
+    sampling options. ``reads`` says what the flag takes: ``"count"`` (an int >= 1),
+    ``"natural"`` (an int >= 0), ``"non_negative"`` (a finite number >= 0), ``"positive"``
+    (a finite number > 0), ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]),
+    ``"limit"`` (a budget: > 0, ``inf`` for None), ``"choice"`` (one of ``choices``, read
+    when a parser is made; ``"none"`` stands for None), ``"walks"`` (``auto``, ``on``,
+    ``off`` or a count), ``"switch"`` (present: True) or ``"negated"`` (present: False).
+    ``help`` writes the default as ``{default}`` (a format spec applies to a number), so a
+    task with a default of its own shows it; ``note`` ends ``generate``'s help (what the
+    command does with the value), where a task says what the value is to it instead."""
 
     name: str
     reads: str
     help: str
     metavar: str | None = None
-    choices: tuple[str, ...] = ()
+    choices: Collection[str] = ()
+    note: str = ""
+
+    def describe(self, default: Any, note: str | None = None) -> str:
+        """The help of this flag with ``default``, then ``note`` (None: :attr:`note`).
+
+        >>> flag = Flag("--max-seconds", "limit", "budget (default: {default:g})", note="x")
+        >>> flag.describe(600.0), flag.describe(None, "past it, a miss")
+        ('budget (default: 600); x', 'budget (default: inf); past it, a miss')
+        """
+        text = self.help.format(default=_Default(default, self.reads))
+        note = self.note if note is None else note
+        return f"{text}; {note}" if note else text
+
+
+class _Default:
+    """A default in a flag's help, spelled as the flag reads it."""
+
+    def __init__(self, value: Any, reads: str) -> None:
+        self.value, self.reads = value, reads
+
+    def __format__(self, spec: str) -> str:
+        if self.value is None:
+            return NONE_SPELLING.get(self.reads, "none")
+        return format(self.value, spec)
 
 
 def _flag(name: str, reads: str, help: str, *, metavar: str | None = None,
-          choices: tuple[str, ...] = ()) -> dict[str, Flag]:
-    return {"flag": Flag(name, reads, help, metavar, choices)}
+          choices: Collection[str] = (), note: str = "") -> dict[str, Flag]:
+    return {"flag": Flag(name, reads, help, metavar, choices, note)}
+
+
+def option_flags() -> list[tuple[str, Flag, Any]]:
+    """Each field of :class:`SamplingOptions`: its name, its :class:`Flag` and its default.
+
+    >>> name, flag, default = option_flags()[1]
+    >>> name, flag.name, flag.describe(default)
+    ('n', '-n', 'number of samples (default: 1)')
+    """
+    return [(f.name, f.metadata["flag"], f.default) for f in fields(SamplingOptions)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,21 +197,24 @@ class SamplingOptions:
     """
 
     method: str = field(default="adaptrack", metadata=_flag(
-        "--method", "choice", "sampling method (default: adaptrack)",
-        choices=tuple(METHODS)))
+        "--method", "choice", "sampling method (default: {default})",
+        choices=METHODS.keys()))
     n: int = field(default=1, metadata=_flag(
-        "-n", "count", "number of samples (default: 1)"))
+        "-n", "count", "number of samples (default: {default})"))
     temperature: float = field(default=1.0, metadata=_flag(
-        "--temperature", "non_negative", "sampling temperature; 0 is greedy (default: 1.0)",
+        "--temperature", "non_negative",
+        "sampling temperature; 0 is greedy (default: {default})",
         metavar="T"))
     top_p: float = field(default=1.0, metadata=_flag(
-        "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: 1.0)",
+        "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: {default})",
         metavar="P"))
     seed: int | None = field(default=None, metadata=_flag(
-        "--seed", "natural", "random seed, >= 0 (the same seed, the same samples)",
+        "--seed", "natural",
+        "random seed, >= 0 (the same seed, the same samples; default: {default})",
         metavar="INT"))
     max_new_tokens: int = field(default=64, metadata=_flag(
-        "--max-new-tokens", "count", "most tokens per sample (default: 64)", metavar="N"))
+        "--max-new-tokens", "count", "most tokens per sample (default: {default})",
+        metavar="N"))
     truncate_prompt: bool = field(default=False, metadata=_flag(
         "--truncate-prompt", "switch",
         "when the prompt and --max-new-tokens exceed the model's context, keep the prompt's "
@@ -176,7 +227,7 @@ class SamplingOptions:
         "--end", "choice",
         "where a text the constraint accepts ends: 'leave', where the model's next token "
         "cannot continue it (EOS or any token the constraint rejects); 'eos', only at EOS, "
-        "the AdapTrack paper's target (default: leave)", choices=END_POLICIES))
+        "the AdapTrack paper's target (default: {default})", choices=END_POLICIES))
     fast_forward: bool | FastForward = field(default=True, metadata=_flag(
         "--no-fast-forward", "negated",
         "feed bytes the constraint forces token by token instead of as their canonical "
@@ -192,40 +243,40 @@ class SamplingOptions:
     min_backtrack_prob: float = field(default=0.0, metadata=_flag(
         "--min-backtrack-prob", "fraction",
         "AdapTrack backtracks only where the valid mass dropped by at least this fraction "
-        "(--method adaptrack only; not exact; default: 0)", metavar="P"))
+        "(--method adaptrack only; not exact; default: {default:g})", metavar="P"))
     parallel: bool | int | None = field(default=None, metadata=_flag(
         "--parallel", "walks",
         f"walks in flight over one shared Q (exact; asap, adaptrack --share-q): 'on' "
         f"({PARALLEL_WALKS}), 'off' (one at a time), a number, or 'auto', the method's "
-        "default: on for exact, off otherwise (default: auto)", metavar="WALKS"))
+        "default: on for exact, off otherwise (default: {default})", metavar="WALKS"))
     max_nodes: int = field(default=100_000, metadata=_flag(
         "--max-nodes", "count",
-        "budget: most prefixes in the search tree (default: 100000)", metavar="N"))
+        "budget: most prefixes in the search tree (default: {default})", metavar="N"))
     max_cache_bytes: int = field(default=1 << 30, metadata=_flag(
         "--max-cache-bytes", "natural",
         "bytes of expansions kept as a cache: dropped ones are recomputed, samples unchanged "
-        f"(default: {1 << 30})", metavar="BYTES"))
+        "(default: {default})", metavar="BYTES"))
     max_opened_bytes: int = field(default=1 << 30, metadata=_flag(
         "--max-opened-bytes", "natural",
-        f"budget: bytes of expansions the search holds (default: {1 << 30})",
+        "budget: bytes of expansions the search holds (default: {default})",
         metavar="BYTES"))
     max_seconds: float | None = field(default=MAX_SECONDS, metadata=_flag(
         "--max-seconds", "limit",
-        f"time budget of the search in seconds, 'inf' for none (default: {MAX_SECONDS:g}); "
-        "past it the command stops with an error after printing the finished samples",
-        metavar="S"))
+        "time budget of the search in seconds, 'inf' for none (default: {default:g})",
+        metavar="S",
+        note="past it the command stops with an error after printing the finished samples"))
     search_budget: float | None = field(default=SEARCH_BUDGET, metadata=_flag(
         "--search-budget", "limit",
         "budget: model calls a search (asap, adaptrack, exact) may make, as a multiple of "
         f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes (adaptrack "
         "without --share-q: each sample's share; a shared Q: the first sample due within "
-        "(n + 1) / 2 shares); 'inf' for none "
-        f"(default: {SEARCH_BUDGET:g})", metavar="K"))
+        "(n + 1) / 2 shares); 'inf' for none (default: {default:g})", metavar="K"))
     fallback: str | None = field(default="cd", metadata=_flag(
         "--fallback", "choice",
         "when a search (asap, adaptrack, exact) runs past a budget: 'cd' draws the missing "
         "samples by CD, marked 'fallback' (not the method's distribution); 'none' stops with "
-        "an error after printing the finished samples (default: cd)", choices=("cd", "none")))
+        "an error after printing the finished samples (default: {default})",
+        choices=("cd", "none")))
 
     def __post_init__(self) -> None:
         method = self.method
