@@ -19,7 +19,8 @@ from adaptrack.eval import registry, runner
 from adaptrack.eval.checks import INT, STR, fields
 from adaptrack.eval.report import report
 from adaptrack.eval.taskspec import Option, Sampling, TaskSpec
-from adaptrack.options import PARSED, option_flags
+from adaptrack.flags import PARSED
+from adaptrack.options import option_flags
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -25,7 +25,8 @@ from typing import Any, NoReturn
 
 from .. import constraints
 from ..errors import ModuleImportError
-from ..options import NONE_SPELLING, Flag, SamplingOptions, option_flags
+from ..flags import NONE_SPELLING, Flag
+from ..options import SamplingOptions, option_flags
 from ..sampling.methods import METHODS, foreign_options, owners
 from ..serve.constraint_spec import ConstraintSpec
 
@@ -253,8 +254,8 @@ def stdout_to_stderr() -> Iterator[None]:
 
 # -- sampling options (generate): one flag per field of SamplingOptions -----------------
 
-#: The argument type of each kind of value a :class:`~adaptrack.options.Flag` reads
-#: (:data:`adaptrack.options.PARSED`), and an evaluation task's own flags.
+#: The argument type of each kind of value a :class:`~adaptrack.flags.Flag` reads
+#: (:data:`adaptrack.flags.PARSED`), and an evaluation task's own flags.
 PARSERS: dict[str, Callable[[str], Any]] = {
     "count": positive_int, "natural": non_negative_int, "non_negative": non_negative_float,
     "positive": positive_float, "probability": probability, "fraction": fraction,
@@ -264,7 +265,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field of :class:`~adaptrack.options.SamplingOptions`, made from its
-    :class:`~adaptrack.options.Flag` (its spelling, help and what it reads), with the
+    :class:`~adaptrack.flags.Flag` (its spelling, help and what it reads), with the
     field's default; :func:`sampling_options` reads them back.
 
     >>> parser = argparse.ArgumentParser()

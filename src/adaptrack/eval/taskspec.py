@@ -8,7 +8,7 @@ A flag that is a sampling option (``-n``, ``--temperature``, ``--max-new-tokens`
 a :class:`Sampling`: ``generate``'s flag, declared once with the field of
 :class:`~adaptrack.options.SamplingOptions`, with the task's default and a note. A flag of
 the task's own is an :class:`Option`, which names its parser by a word of
-:data:`~adaptrack.options.PARSED` (the command line's checks of numbers live with the
+:data:`~adaptrack.flags.PARSED` (the command line's checks of numbers live with the
 command line) or gives one of its own; ``names`` makes a comma-separated list of names
 among those given.
 
@@ -30,9 +30,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..flags import PARSED, Flag
 from ..generate import METHODS
 from ..lm.load import BACKENDS, DEVICES, DTYPES
-from ..options import PARSED, Flag, option_flags
+from ..options import option_flags
 from .checks import Check
 from .jobs import Record, Task
 
@@ -50,7 +51,7 @@ Report = Callable[[dict[str, Any], list[Record], Any], str]
 class Option:
     """One option of a task: a flag of ``adaptrack eval NAME`` and a keyword of the task.
 
-    ``type``: a word of :data:`~adaptrack.options.PARSED` or a function of the text (raising
+    ``type``: a word of :data:`~adaptrack.flags.PARSED` or a function of the text (raising
     ``argparse.ArgumentTypeError`` or ``ValueError``); ``names``: the value is a
     comma-separated list of these names, read when a value is parsed (the method
     registry's view takes in a method registered later); ``flag``: a switch
@@ -92,7 +93,7 @@ class Option:
 class Sampling:
     """A task's flag that is the sampling option ``name`` (a field of
     :class:`~adaptrack.options.SamplingOptions`): ``generate``'s flag, its spelling, parser
-    and help (:class:`~adaptrack.options.Flag`), with the task's ``default`` (the field's
+    and help (:class:`~adaptrack.flags.Flag`), with the task's ``default`` (the field's
     unless given) and a ``note`` on what the value is to the task, in place of
     ``generate``'s. The task's keyword is ``name``; a ``ValueError`` for a name that is no
     field, or a default that the flag's help cannot show.
