@@ -50,13 +50,15 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
-from adaptrack.eval.dsl import PAPER_OPTIONS, problems, prompt_ids
+from adaptrack.eval.dsl import problems, prompt_ids
+from adaptrack.eval.modeltask import paper_options
 from adaptrack.sampling.exact import Exact
 
 DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
@@ -92,7 +94,7 @@ def variant(label: str) -> Iterator[None]:
          Exact.lookahead) = saved
 
 
-def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
+def once(lm: Any, prompt: Any, constraint: Any, n: int, options: at.SamplingOptions,
          label: str, seed: int) -> dict[str, Any]:
     """One ``generate`` of ``exact`` under ``label``: its counts and times."""
     passes = getattr(lm, "forward_calls", 0)
@@ -101,9 +103,9 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
         warnings.simplefilter("ignore")
         try:
             parallel = VARIANTS[label][4]
-            res = at.generate(lm, prompt, constraint, method="exact", n=n, seed=seed,
-                              **options, **({} if parallel is None else {"parallel": parallel}),
-                              search_budget=None)
+            res = at.generate(lm, prompt, constraint, options=replace(
+                options, method="exact", n=n, seed=seed, search_budget=None,
+                **({} if parallel is None else {"parallel": parallel})))
         except at.AdaptrackError as err:
             return {"error": type(err).__name__, "s": time.perf_counter() - started,
                     "cpu": time.process_time() - cpu}
@@ -114,12 +116,12 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
 
 
 def measure(lm: Any, name: str, prompt: Any, constraint: Any, n: int,
-            options: dict[str, Any], labels: list[str], repeat: int) -> dict[str, Any]:
+            options: at.SamplingOptions, labels: list[str], repeat: int) -> dict[str, Any]:
     """Every variant on one workload with seeds 0 .. ``repeat`` - 1, alternating; the mean
     per variant over the seeds (the samples, so the counts, differ from seed to seed)."""
     with warnings.catch_warnings():  # the prompt's KV state and the constraint's first masks
         warnings.simplefilter("ignore")
-        at.generate(lm, prompt, constraint, method="cd", n=1, seed=0, **options)
+        at.generate(lm, prompt, constraint, options=replace(options, method="cd", n=1, seed=0))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in labels}
     for r in range(repeat):
         for m in labels if r % 2 == 0 else labels[::-1]:
@@ -144,7 +146,7 @@ def measure(lm: Any, name: str, prompt: Any, constraint: Any, n: int,
     return out
 
 
-def cd_cpu(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any],
+def cd_cpu(lm: Any, prompt: Any, constraint: Any, n: int, options: at.SamplingOptions,
            repeat: int) -> float:
     """``cd``'s mean CPU time for the same request and seeds (everyday's base)."""
     total = 0.0
@@ -152,7 +154,8 @@ def cd_cpu(lm: Any, prompt: Any, constraint: Any, n: int, options: dict[str, Any
         warnings.simplefilter("ignore")
         for r in range(repeat):
             cpu = time.process_time()
-            at.generate(lm, prompt, constraint, method="cd", n=n, seed=r, **options)
+            at.generate(lm, prompt, constraint,
+                        options=replace(options, method="cd", n=n, seed=r))
             total += time.process_time() - cpu
     return total / repeat
 
@@ -205,8 +208,7 @@ def main() -> None:
                       f"wall s (× {labels[0]})" for m in labels)
     print(f"| workload | n | {head} |")
     print("|---|--:|" + "---|" * len(labels))
-    dsl = {**PAPER_OPTIONS, "max_new_tokens": 512, "truncate_prompt": True,
-           "max_seconds": None}
+    dsl = paper_options(max_new_tokens=512, truncate_prompt=True, max_seconds=None)
     if ("binary" in workloads or "slia" in workloads) and not DSL_DATA.exists():
         log(f"# {DSL_DATA} is absent: the DSL workloads are skipped")
         workloads = [w for w in workloads if w not in ("binary", "slia")]
@@ -239,7 +241,8 @@ def main() -> None:
             for req in reqs:
                 prompt = (chat([{"role": "user", "content": req.prompt}]) if req.chat
                           else req.prompt)
-                options = {"max_new_tokens": req.max_new_tokens, "max_seconds": 120.0}
+                options = at.SamplingOptions(max_new_tokens=req.max_new_tokens,
+                                             max_seconds=120.0)
                 repeat = args.everyday_repeat or args.repeat
                 got = measure(lm, req.name, prompt, req.constraint("default"), n, options,
                               labels, repeat)

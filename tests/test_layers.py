@@ -31,7 +31,7 @@ RANKS = {
     "sampling": 3, "testing": 3,
     "constraints": 2, "lm": 2,
     "tokenization": 1, "limits": 1,
-    "cache": 0, "errors": 0,
+    "cache": 0, "errors": 0, "flags": 0,
 }
 
 

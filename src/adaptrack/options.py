@@ -26,6 +26,7 @@ import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .flags import Flag, flag
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
 from .sampling.policy import SEARCH_TOKENS, BudgetPolicy
@@ -87,7 +88,7 @@ def check_real(name: str, value: Any) -> float:
     return float(value)
 
 
-def check_flag(name: str, value: Any) -> bool:
+def checkflag(name: str, value: Any) -> bool:
     """``value`` when it is True or False, else a ``TypeError``."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -109,26 +110,14 @@ def check_limit(name: str, value: Any) -> float | None:
     return None if math.isinf(limit) else limit
 
 
-@dataclass(frozen=True)
-class Flag:
-    """How an option is spelled on the command line; ``adaptrack.cli.common`` makes the
-    argparse flag from it. ``reads`` says what the flag takes: ``"count"`` (an int >= 1),
-    ``"natural"`` (an int >= 0), ``"non_negative"`` (a finite number >= 0),
-    ``"probability"`` (in (0, 1]), ``"fraction"`` (in [0, 1]), ``"limit"`` (a budget: > 0,
-    ``inf`` for None), ``"choice"`` (one of ``choices``; ``"none"`` stands for None),
-    ``"walks"`` (``auto``, ``on``, ``off`` or a count), ``"switch"`` (present: True) or
-    ``"negated"`` (present: False)."""
+def option_flags() -> list[tuple[str, Flag, Any]]:
+    """Each field of :class:`SamplingOptions`: its name, its :class:`Flag` and its default.
 
-    name: str
-    reads: str
-    help: str
-    metavar: str | None = None
-    choices: tuple[str, ...] = ()
-
-
-def _flag(name: str, reads: str, help: str, *, metavar: str | None = None,
-          choices: tuple[str, ...] = ()) -> dict[str, Flag]:
-    return {"flag": Flag(name, reads, help, metavar, choices)}
+    >>> name, flag, default = option_flags()[1]
+    >>> name, flag.name, flag.describe(default)
+    ('n', '-n', 'number of samples (default: 1)')
+    """
+    return [(f.name, f.metadata["flag"], f.default) for f in fields(SamplingOptions)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,84 +137,87 @@ class SamplingOptions:
     True
     """
 
-    method: str = field(default="adaptrack", metadata=_flag(
-        "--method", "choice", "sampling method (default: adaptrack)",
-        choices=tuple(METHODS)))
-    n: int = field(default=1, metadata=_flag(
-        "-n", "count", "number of samples (default: 1)"))
-    temperature: float = field(default=1.0, metadata=_flag(
-        "--temperature", "non_negative", "sampling temperature; 0 is greedy (default: 1.0)",
+    method: str = field(default="adaptrack", metadata=flag(
+        "--method", "choice", "sampling method (default: {default})",
+        choices=METHODS.keys()))
+    n: int = field(default=1, metadata=flag(
+        "-n", "count", "number of samples (default: {default})"))
+    temperature: float = field(default=1.0, metadata=flag(
+        "--temperature", "non_negative",
+        "sampling temperature; 0 is greedy (default: {default})",
         metavar="T"))
-    top_p: float = field(default=1.0, metadata=_flag(
-        "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: 1.0)",
+    top_p: float = field(default=1.0, metadata=flag(
+        "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: {default})",
         metavar="P"))
-    seed: int | None = field(default=None, metadata=_flag(
-        "--seed", "natural", "random seed, >= 0 (the same seed, the same samples)",
+    seed: int | None = field(default=None, metadata=flag(
+        "--seed", "natural",
+        "random seed, >= 0 (the same seed, the same samples; default: {default})",
         metavar="INT"))
-    max_new_tokens: int = field(default=64, metadata=_flag(
-        "--max-new-tokens", "count", "most tokens per sample (default: 64)", metavar="N"))
-    truncate_prompt: bool = field(default=False, metadata=_flag(
+    max_new_tokens: int = field(default=64, metadata=flag(
+        "--max-new-tokens", "count", "most tokens per sample (default: {default})",
+        metavar="N"))
+    truncate_prompt: bool = field(default=False, metadata=flag(
         "--truncate-prompt", "switch",
         "when the prompt and --max-new-tokens exceed the model's context, keep the prompt's "
         "last tokens (default: stop with an error)"))
-    allow_truncated: bool = field(default=False, metadata=_flag(
+    allow_truncated: bool = field(default=False, metadata=flag(
         "--allow-truncated", "switch",
         "a valid prefix that reaches --max-new-tokens ends its sample, marked incomplete "
         "(default: the searches sample text that ends within --max-new-tokens)"))
-    end: str = field(default="leave", metadata=_flag(
+    end: str = field(default="leave", metadata=flag(
         "--end", "choice",
         "where a text the constraint accepts ends: 'leave', where the model's next token "
         "cannot continue it (EOS or any token the constraint rejects); 'eos', only at EOS, "
-        "the AdapTrack paper's target (default: leave)", choices=END_POLICIES))
-    fast_forward: bool | FastForward = field(default=True, metadata=_flag(
+        "the AdapTrack paper's target (default: {default})", choices=END_POLICIES))
+    fast_forward: bool | FastForward = field(default=True, metadata=flag(
         "--no-fast-forward", "negated",
         "feed bytes the constraint forces token by token instead of as their canonical "
         "tokens in one model call"))
-    share_q: bool = field(default=False, metadata=_flag(
+    share_q: bool = field(default=False, metadata=flag(
         "--share-q", "switch",
         "share AdapTrack's learned valid-mass estimates across samples (--method adaptrack "
         "only)"))
-    max_backtrack: int | None = field(default=None, metadata=_flag(
+    max_backtrack: int | None = field(default=None, metadata=flag(
         "--max-backtrack", "natural",
         "AdapTrack backtracks at most this many tokens (--method adaptrack only; not exact; "
         "default: no limit)", metavar="N"))
-    min_backtrack_prob: float = field(default=0.0, metadata=_flag(
+    min_backtrack_prob: float = field(default=0.0, metadata=flag(
         "--min-backtrack-prob", "fraction",
         "AdapTrack backtracks only where the valid mass dropped by at least this fraction "
-        "(--method adaptrack only; not exact; default: 0)", metavar="P"))
-    parallel: bool | int | None = field(default=None, metadata=_flag(
+        "(--method adaptrack only; not exact; default: {default:g})", metavar="P"))
+    parallel: bool | int | None = field(default=None, metadata=flag(
         "--parallel", "walks",
         f"walks in flight over one shared Q (exact; asap, adaptrack --share-q): 'on' "
         f"({PARALLEL_WALKS}), 'off' (one at a time), a number, or 'auto', the method's "
-        "default: on for exact, off otherwise (default: auto)", metavar="WALKS"))
-    max_nodes: int = field(default=100_000, metadata=_flag(
+        "default: on for exact, off otherwise (default: {default})", metavar="WALKS"))
+    max_nodes: int = field(default=100_000, metadata=flag(
         "--max-nodes", "count",
-        "budget: most prefixes in the search tree (default: 100000)", metavar="N"))
-    max_cache_bytes: int = field(default=1 << 30, metadata=_flag(
+        "budget: most prefixes in the search tree (default: {default})", metavar="N"))
+    max_cache_bytes: int = field(default=1 << 30, metadata=flag(
         "--max-cache-bytes", "natural",
         "bytes of expansions kept as a cache: dropped ones are recomputed, samples unchanged "
-        f"(default: {1 << 30})", metavar="BYTES"))
-    max_opened_bytes: int = field(default=1 << 30, metadata=_flag(
+        "(default: {default})", metavar="BYTES"))
+    max_opened_bytes: int = field(default=1 << 30, metadata=flag(
         "--max-opened-bytes", "natural",
-        f"budget: bytes of expansions the search holds (default: {1 << 30})",
+        "budget: bytes of expansions the search holds (default: {default})",
         metavar="BYTES"))
-    max_seconds: float | None = field(default=MAX_SECONDS, metadata=_flag(
+    max_seconds: float | None = field(default=MAX_SECONDS, metadata=flag(
         "--max-seconds", "limit",
-        f"time budget of the search in seconds, 'inf' for none (default: {MAX_SECONDS:g}); "
-        "past it the command stops with an error after printing the finished samples",
-        metavar="S"))
-    search_budget: float | None = field(default=SEARCH_BUDGET, metadata=_flag(
+        "time budget of the search in seconds, 'inf' for none (default: {default:g})",
+        metavar="S",
+        note="past it the command stops with an error after printing the finished samples"))
+    search_budget: float | None = field(default=SEARCH_BUDGET, metadata=flag(
         "--search-budget", "limit",
         "budget: model calls a search (asap, adaptrack, exact) may make, as a multiple of "
         f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes (adaptrack "
         "without --share-q: each sample's share; a shared Q: the first sample due within "
-        "(n + 1) / 2 shares); 'inf' for none "
-        f"(default: {SEARCH_BUDGET:g})", metavar="K"))
-    fallback: str | None = field(default="cd", metadata=_flag(
+        "(n + 1) / 2 shares); 'inf' for none (default: {default:g})", metavar="K"))
+    fallback: str | None = field(default="cd", metadata=flag(
         "--fallback", "choice",
         "when a search (asap, adaptrack, exact) runs past a budget: 'cd' draws the missing "
         "samples by CD, marked 'fallback' (not the method's distribution); 'none' stops with "
-        "an error after printing the finished samples (default: cd)", choices=("cd", "none")))
+        "an error after printing the finished samples (default: {default})",
+        choices=("cd", "none")))
 
     def __post_init__(self) -> None:
         method = self.method
@@ -243,7 +235,7 @@ class SamplingOptions:
         if self.seed is not None:
             self._set("seed", check_int("seed", self.seed, 0))
         for name in ("share_q", "truncate_prompt", "allow_truncated"):
-            check_flag(name, getattr(self, name))
+            checkflag(name, getattr(self, name))
         if self.parallel is not None and not isinstance(self.parallel, bool):
             self._set("parallel", check_int("parallel", self.parallel, 1))
         for name, least in (("max_cache_bytes", 0), ("max_opened_bytes", 0)):

@@ -14,7 +14,10 @@ from adaptrack import cli
 from adaptrack.cli import generate as cli_generate
 from adaptrack.cli import setup as cli_setup
 from adaptrack.errors import ModelLoadError, NoValidSequenceError, SearchTimeoutError
+from adaptrack.eval import registry
 from adaptrack.generate import GenerationResult, Sample
+from adaptrack.sampling.cd import ConstrainedDecoding
+from adaptrack.sampling.methods import METHODS, register
 
 VOCAB = [b"a", b"b", b"(", b"<eos>"]
 
@@ -152,6 +155,32 @@ def test_generate_unconstrained(capsys, loads):
     samples = json.loads(out)["samples"]
     assert len(samples) == 3
     assert all(len(s["tokens"]) <= 4 for s in samples)
+
+
+class FirstCD(ConstrainedDecoding):
+    """CD under another name: a method registered after the package is imported."""
+
+    name = "first-cd"
+
+
+def test_a_method_registered_later_is_a_choice_of_generate_and_eval(capsys, loads, choices):
+    register(FirstCD)
+    try:
+        code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                             "--method", "first-cd", "-n", "2", "--seed", "0", "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["method"] == "first-cd"
+        assert {s["text"] for s in doc["samples"]} <= {"ab", "ba", "aab"}
+        args = cli.build_parser().parse_args(["eval", "tfv1", "--methods", "cd,first-cd",
+                                              "-o", "x.jsonl"])
+        assert registry.TASKS["tfv1"].build(vars(args)).methods == ("cd", "first-cd")
+    finally:
+        del METHODS["first-cd"]
+    code, _, err = run(capsys, "generate", "--prompt", "a", "--method", "first-cd")
+    assert code == 2 and "invalid choice: 'first-cd'" in err
+    code, _, err = run(capsys, "eval", "tfv1", "--methods", "first-cd", "-o", "x.jsonl")
+    assert code == 2 and "'first-cd' is not one of" in err
 
 
 def test_generate_prompt_from_file_and_stdin(capsys, loads, choices, tmp_path, monkeypatch):

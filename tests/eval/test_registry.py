@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from paths import RESULTS
 
-from adaptrack.cli import build_parser, main
-from adaptrack.cli import eval as cli_eval
+from adaptrack.cli import build_parser, common, main
 from adaptrack.errors import AdaptrackError, ResultsMismatchError
-from adaptrack.eval import registry, runner, taskspec
+from adaptrack.eval import registry, runner
 from adaptrack.eval.checks import INT, STR, fields
 from adaptrack.eval.report import report
-from adaptrack.eval.taskspec import Option, TaskSpec
+from adaptrack.eval.taskspec import Option, Sampling, TaskSpec
+from adaptrack.flags import PARSED
+from adaptrack.options import option_flags
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -32,7 +33,9 @@ def _eval_commands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_the_command_line_parses_every_type_an_option_may_name():
-    assert set(cli_eval.TYPES) == set(taskspec.TYPES)
+    assert set(common.PARSERS) == set(PARSED)
+    assert {flag.reads for _, flag, _ in option_flags()} <= {*PARSED, "choice", "switch",
+                                                            "negated"}
 
 
 def test_the_command_line_offers_every_registered_task_in_order():
@@ -50,10 +53,11 @@ def test_each_task_gets_the_flags_its_options_declare(name):
         for flag in option.flags:
             assert flags[flag].dest == option.dest, flag
         action = flags[option.flags[0]]
-        assert action.required == option.required
         assert action.help == option.help
-        if option.required:
-            required += [option.flags[0], "x"]
+        if isinstance(option, Option):
+            assert action.required == option.required
+            if option.required:
+                required += [option.flags[0], "x"]
     # What every task has besides: the results file and where its jobs run.
     for flag in ("-o", "--out", "--workers", "--pool", "--ray-address", "--no-report"):
         assert flag in flags
@@ -62,10 +66,36 @@ def test_each_task_gets_the_flags_its_options_declare(name):
     keywords = dict(o.value(args) for o in (*spec.options, *spec.model_options))
     inspect.signature(spec.task).bind(**keywords)
     for option in (*spec.options, *spec.model_options):
-        if option.flag:
+        if isinstance(option, Option) and option.flag:
             assert args[option.dest] is False
-        elif not isinstance(option.default, str) and not option.required:
+        elif not isinstance(option.default, str) and not getattr(option, "required", False):
             assert args[option.dest] == option.default, option.flags
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_a_tasks_sampling_flags_are_generates(name):
+    """A task flag that is a sampling option reads its value as ``generate``'s flag does,
+    with the same spelling and the same help up to the task's default and note."""
+    generate = {a.dest: a for a in _subparsers(build_parser())["generate"]._actions}
+    ours = {a.dest: a for a in _eval_commands()[name]._actions}
+    sampling = [o for o in (*registry.TASKS[name].options, *registry.TASKS[name].model_options)
+                if isinstance(o, Sampling)]
+    assert {o.name for o in sampling} >= {"n"}
+    for option in sampling:
+        theirs, mine = generate[option.name], ours[option.name]
+        assert mine.option_strings == theirs.option_strings
+        assert (mine.type, mine.metavar, mine.choices) == (theirs.type, theirs.metavar,
+                                                           theirs.choices)
+        assert mine.help == option.flag.describe(option.default, option.note)
+
+
+def test_a_sampling_flag_names_a_field_and_a_default_its_help_can_show():
+    with pytest.raises(ValueError, match="'top_k' is not a sampling option"):
+        Sampling("top_k")
+    with pytest.raises(ValueError, match="the help of --share-q cannot show the default"):
+        Sampling("share_q", True)
+    assert Sampling("max_seconds", None).help.startswith(
+        "time budget of the search in seconds, 'inf' for none (default: inf)")
 
 
 
@@ -121,7 +151,7 @@ def _count_report(header: dict[str, Any], records: list[dict[str, Any]], plots: 
 
 COUNT = TaskSpec(
     "count", help="count up to a number", description="A task of this test's own.",
-    options=(Option(("--size",), type="positive_int", default=3, metavar="N",
+    options=(Option(("--size",), type="count", default=3, metavar="N",
                     help="how many jobs (default: 3)"),
              Option(("--word",), default="n", help="each job's key starts with it"),
              Option(("--double",), flag=True, keyword="step", convert=lambda v: 2 if v else 1,

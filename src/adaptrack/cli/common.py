@@ -21,12 +21,12 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields
 from typing import Any, NoReturn
 
 from .. import constraints
 from ..errors import ModuleImportError
-from ..options import Flag, SamplingOptions
+from ..flags import NONE_SPELLING, Flag
+from ..options import SamplingOptions, option_flags
 from ..sampling.methods import METHODS, foreign_options, owners
 from ..serve.constraint_spec import ConstraintSpec
 
@@ -254,21 +254,18 @@ def stdout_to_stderr() -> Iterator[None]:
 
 # -- sampling options (generate): one flag per field of SamplingOptions -----------------
 
-#: The argument type of each kind of value a :class:`~adaptrack.options.Flag` reads.
-_READS: dict[str, Callable[[str], Any]] = {
+#: The argument type of each kind of value a :class:`~adaptrack.flags.Flag` reads
+#: (:data:`adaptrack.flags.PARSED`), and an evaluation task's own flags.
+PARSERS: dict[str, Callable[[str], Any]] = {
     "count": positive_int, "natural": non_negative_int, "non_negative": non_negative_float,
-    "probability": probability, "fraction": fraction, "limit": limit, "walks": walks,
+    "positive": positive_float, "probability": probability, "fraction": fraction,
+    "limit": limit, "walks": walks,
 }
-
-
-def _flags() -> list[tuple[str, Flag, Any]]:
-    """Each option: its name, its flag and its default."""
-    return [(f.name, f.metadata["flag"], f.default) for f in fields(SamplingOptions)]
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field of :class:`~adaptrack.options.SamplingOptions`, made from its
-    :class:`~adaptrack.options.Flag` (its spelling, help and what it reads), with the
+    :class:`~adaptrack.flags.Flag` (its spelling, help and what it reads), with the
     field's default; :func:`sampling_options` reads them back.
 
     >>> parser = argparse.ArgumentParser()
@@ -278,29 +275,38 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     >>> opts.top_p, opts.fast_forward, opts.fallback, opts.method
     (0.9, False, None, 'adaptrack')
     """
-    for name, flag, default in _flags():
-        if flag.reads in ("switch", "negated"):
-            parser.add_argument(flag.name, dest=name, help=flag.help, default=default,
-                                action="store_true" if flag.reads == "switch"
-                                else "store_false")
-        elif flag.reads == "choice":
-            parser.add_argument(flag.name, dest=name, help=flag.help,
-                                choices=list(flag.choices),
-                                default="none" if default is None else default)
-        else:
-            parser.add_argument(flag.name, dest=name, help=flag.help, default=default,
-                                type=_READS[flag.reads], metavar=flag.metavar)
+    for name, flag, default in option_flags():
+        add_sampling_argument(parser, name, flag, default, flag.describe(default))
+
+
+def add_sampling_argument(parser: argparse.ArgumentParser, name: str, flag: Flag,
+                          default: Any, help: str) -> None:
+    """The flag of the sampling option ``name`` (``flag``) with ``default`` and ``help``:
+    ``generate``'s, or an evaluation task's (:class:`~adaptrack.eval.taskspec.Sampling`).
+    A choice's names are read now, so a method registered before the parser is made is
+    one of them."""
+    if flag.reads in ("switch", "negated"):
+        parser.add_argument(flag.name, dest=name, help=help, default=default,
+                            action="store_true" if flag.reads == "switch"
+                            else "store_false")
+    elif flag.reads == "choice":
+        parser.add_argument(flag.name, dest=name, help=help, choices=list(flag.choices),
+                            default="none" if default is None else default)
+    else:
+        parser.add_argument(flag.name, dest=name, help=help, default=default,
+                            type=PARSERS[flag.reads], metavar=flag.metavar)
 
 
 def sampling_options(args: argparse.Namespace) -> SamplingOptions:
     """The :class:`~adaptrack.options.SamplingOptions` that the flags of
     :func:`add_sampling_arguments` give; a ``UsageError`` naming the flag when they do not
     go together."""
-    values = {name: getattr(args, name) for name, _, _ in _flags()}
+    flags = option_flags()
+    values = {name: getattr(args, name) for name, _, _ in flags}
     if values["fallback"] == "none":
         values["fallback"] = None
-    spelled = {name: flag.name for name, flag, _ in _flags()}
-    given = [name for name, _, default in _flags() if values[name] != default]
+    spelled = {name: flag.name for name, flag, _ in flags}
+    given = [name for name, _, default in flags if values[name] != default]
     foreign = (foreign_options(values["method"], given) if values["method"] in METHODS
                else [])
     if foreign:
@@ -314,7 +320,7 @@ def sampling_options(args: argparse.Namespace) -> SamplingOptions:
 
 def _spelling(flag: Flag, value: Any) -> str:
     if value is None:
-        return {"choice": "none", "limit": "inf", "walks": "auto"}[flag.reads]
+        return NONE_SPELLING[flag.reads]
     if isinstance(value, bool):
         return "on" if value else "off"
     return repr(value) if isinstance(value, float) else str(value)
@@ -329,7 +335,7 @@ def sampling_argv(options: SamplingOptions) -> list[str]:
     ['--method', 'exact', '-n', '5', '--max-seconds', 'inf']
     """
     argv: list[str] = []
-    for name, flag, default in _flags():
+    for name, flag, default in option_flags():
         value = getattr(options, name)
         if type(value) is type(default) and value == default:
             continue

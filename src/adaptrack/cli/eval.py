@@ -6,35 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..eval import registry
 from ..eval.pools import POOLS
-from ..eval.taskspec import Option
-from .common import (
-    Parser,
-    UsageError,
-    limit,
-    names,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    probability,
-)
+from ..eval.taskspec import Sampling, TaskOption
+from .common import PARSERS, Parser, UsageError, add_sampling_argument, names, positive_int
 
 HELP = ("run an evaluation (TFv1, TFv1Real, binary, DSL; HumanEval and MBPP code "
         "generation)")
 DESCRIPTION = ("Run an evaluation into a JSONL results file; an interrupted run resumes "
                "where it stopped.")
-
-
-#: The parsers a task's option names by a word (:data:`adaptrack.eval.taskspec.TYPES`).
-TYPES: dict[str, Callable[[str], Any]] = {
-    "positive_int": positive_int, "non_negative_int": non_negative_int,
-    "non_negative_float": non_negative_float, "positive_float": positive_float,
-    "probability": probability, "seconds": limit}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _add_run_arguments(task)
 
 
-def add_option(parser: argparse.ArgumentParser, option: Option) -> None:
-    """The flag of one task option (:class:`~adaptrack.eval.taskspec.Option`)."""
+def add_option(parser: argparse.ArgumentParser, option: TaskOption) -> None:
+    """The flag of one task option: a sampling option's as ``generate`` has it, with the
+    task's default and help (:class:`~adaptrack.eval.taskspec.Sampling`), or one of the
+    task's own (:class:`~adaptrack.eval.taskspec.Option`)."""
+    if isinstance(option, Sampling):
+        add_sampling_argument(parser, option.name, option.flag, option.default, option.help)
+        return
     if option.flag:
         parser.add_argument(*option.flags, action="store_true", help=option.help)
         return
@@ -61,7 +48,7 @@ def add_option(parser: argparse.ArgumentParser, option: Option) -> None:
     if option.names is not None:
         kind = names(option.names)
     elif isinstance(kind, str):
-        kind = TYPES[kind]
+        kind = PARSERS[kind]
     parser.add_argument(*option.flags, type=kind, default=option.default,
                         metavar=option.metavar, choices=option.choices,
                         required=option.required, help=option.help)

@@ -28,7 +28,7 @@ from .sweeps import (
     sweep_values,
     temperature_ok,
 )
-from .taskspec import Option, methods_option
+from .taskspec import Option, Sampling, TaskOption, methods_option
 from .tfapi import DEFAULT_VERSION, tensorflow_api_names
 
 if TYPE_CHECKING:
@@ -308,16 +308,14 @@ def api_record(r: Record) -> str | None:
 
 
 def api_options(limit_help: str, settings: tuple[Option, ...] = (),
-                packages: tuple[Option, ...] = ()) -> tuple[Option, ...]:
+                packages: tuple[Option, ...] = ()) -> tuple[TaskOption, ...]:
     """The options of an API task: its ``settings`` option after the methods, its
     ``packages`` before the sweepable ones."""
     return (
         methods_option(METHODS), *settings,
-        Option(("-n",), type="positive_int", default=20,
-               help="sampled completions per problem (default: 20)"),
-        Option(("--limit",), type="positive_int", metavar="N", help=limit_help),
-        Option(("--max-new-tokens",), type="positive_int", default=32, metavar="N",
-               help="most tokens per completion (default: 32)"),
+        Sampling("n", 20, note="per problem, method and setting, besides the greedy one"),
+        Option(("--limit",), type="count", metavar="N", help=limit_help),
+        Sampling("max_new_tokens", 32),
         *packages,
         Option(("--temperature",), type=parse_temperatures, default=[1.0], metavar="T,T",
                help="sampling temperature > 0, or several to sweep (the paper's Figure 5: "

@@ -34,7 +34,7 @@ from .checks import INT, NUMBER, POSITIVE, STAMPS, STR, TARGET, TOKEN_SAMPLES, f
 from .jobs import Job, Record
 from .modeltask import ModelTask, check_methods, check_study, paper_options, seed_for
 from .tables import METHOD_NAMES, header_line, iid_kls, method_table, ordered_methods, pyplot
-from .taskspec import Option, TaskSpec, methods_option, model_options
+from .taskspec import Sampling, TaskSpec, methods_option, model_options
 
 PROMPT = "Here is a random sequence of five bits: "
 METHODS = ("cd", "asap", "adaptrack", "exact")
@@ -242,8 +242,7 @@ SPEC = TaskSpec(
                 "with 1. KL of each method's samples to the exact target (by enumeration) "
                 "and the paper's sample-based KL (Table 4, Figure 4).",
     options=(methods_option(METHODS, "; adaptrack shares Q across samples, as in the paper"),
-             Option(("-n",), type="positive_int", default=2000,
-                    help="samples per method (default: 2000)")),
+             Sampling("n", 2000, note="per method")),
     # float32 on every device (BinaryTask), so no --dtype
     model_options=model_options(backend="transformers", dtype=False), task=BinaryTask,
     header={"model": STR, "backend": STR, "device": STR, "n": POSITIVE,

@@ -17,39 +17,34 @@ from .codetask import MAX_SECONDS, METHODS
 from .jobs import Record
 from .sandbox import STATUSES
 from .tables import coverage, header_line, method_table, ordered_methods, pct, wall_seconds
-from .taskspec import Option, methods_option
+from .taskspec import Option, Sampling, TaskOption, methods_option
 
 __all__ = ["CODE_HEADER", "CODE_KS", "CODE_OPTIONS", "CODE_TASKS", "code_record",
            "code_report", "code_scores"]
 
 #: The options every code task has, after its own (flags in this order).
-CODE_OPTIONS: tuple[Option, ...] = (
+CODE_OPTIONS: tuple[TaskOption, ...] = (
     methods_option(METHODS, after="; the constrained ones decode with "
                             "adaptrack.constraints.python"),
-    Option(("-n",), type="positive_int", default=10,
-           help="sampled completions per problem (default: 10)"),
-    Option(("--limit",), type="positive_int", metavar="N", help="run the first N problems"),
-    Option(("--max-new-tokens",), type="positive_int", default=256, metavar="N",
-           help="most tokens per completion (default: 256)"),
-    Option(("--top-p",), type="probability", default=0.95, metavar="P",
-           help="nucleus (validity-aware for the constraint) in (0, 1] (default: 0.95; the "
-                "python constraint checks tokens one by one, and 1 checks the whole "
-                "vocabulary at every step)"),
-    Option(("--max-seconds",), type="seconds", default=MAX_SECONDS, metavar="S",
-           help="search budget of each job's generation in seconds, counted from the start "
-                "of its problem's jobs (all methods share one engine); 'inf' for none "
-                f"(default: {MAX_SECONDS:g}); past it the job is recorded as an error and "
-                "scored as a miss"),
+    Sampling("n", 10, note="per problem and method, besides the greedy one"),
+    Option(("--limit",), type="count", metavar="N", help="run the first N problems"),
+    Sampling("max_new_tokens", 256),
+    Sampling("top_p", 0.95, note="validity-aware for the constraint (the python constraint "
+                                 "checks tokens one by one, and 1 checks the whole vocabulary "
+                                 "at every step)"),
+    Sampling("max_seconds", MAX_SECONDS,
+             note="counted from the start of a problem's jobs (all methods share one "
+                  "engine); a job past it is recorded as an error and scored as a miss"),
     Option(("--must-end",), flag=True, keyword="allow_truncated", convert=lambda v: not v,
            help="the searching methods sample only completions that end within "
                 "--max-new-tokens (by default a completion is cut there, as unconstrained "
                 "sampling cuts it, and still run)"),
-    Option(("--timeout",), type="positive_float", default=10.0, metavar="S",
+    Option(("--timeout",), type="positive", default=10.0, metavar="S",
            help="seconds each program may run in the sandbox (default: 10)"),
-    Option(("--memory",), type="positive_int", default=1024, metavar="MIB",
+    Option(("--memory",), type="count", default=1024, metavar="MIB",
            keyword="memory_bytes", convert=lambda mib: mib * 2**20,
            help="address-space limit of each program in MiB (default: 1024)"),
-    Option(("--exec-workers",), type="positive_int", default=2, metavar="N",
+    Option(("--exec-workers",), type="count", default=2, metavar="N",
            help="programs run at once, each in its own process (default: 2)"),
     Option(("--unsafe-run-code",), flag=True, keyword="allow_unsandboxed",
            help="where bubblewrap cannot isolate the generated programs, run them anyway "

@@ -42,7 +42,7 @@ from .codetask import file_digest
 from .dslreport import dsl_report, dsl_scores
 from .jobs import Job, Record
 from .modeltask import ModelTask, check_methods, check_study, paper_options, seed_for
-from .taskspec import Option, TaskSpec, methods_option, model_options
+from .taskspec import Option, Sampling, TaskSpec, methods_option, model_options
 
 #: Dataset file stems and the names the paper's Table 4 gives them, in its column order.
 DATASETS = {"slia": "SLIA", "invbv": "INV-BV", "cp": "CP", "binary": "binary"}
@@ -279,18 +279,14 @@ SPEC = TaskSpec(
         Option(("--datasets",), names=tuple(DATASETS), metavar="D,D",
                default=",".join(DATASETS),
                help=f"datasets to run (default: {','.join(DATASETS)})"),
-        Option(("-n",), type="positive_int", default=2000,
-               help="samples per problem and method (default: 2000, the paper's)"),
-        Option(("--limit",), type="positive_int", metavar="N",
+        Sampling("n", 2000, note="per problem and method, as in the paper"),
+        Option(("--limit",), type="count", metavar="N",
                help="run the first N problems of each dataset"),
         Option(("--problems",), metavar="ID,ID", type=parse_ids, keyword="problem_ids",
                help="run only these problem ids (default: all of the datasets)"),
-        Option(("--max-new-tokens",), type="positive_int", default=MAX_NEW_TOKENS,
-               metavar="N", help=f"most tokens per sample (default: {MAX_NEW_TOKENS}, the "
-                                 "paper's)"),
-        Option(("--max-seconds",), type="seconds", default=None, metavar="S",
-               help="search budget of each job in seconds (default: none); past it the job "
-                    "is recorded as an error and left out of the report"),
+        Sampling("max_new_tokens", MAX_NEW_TOKENS, note="as in the paper"),
+        Sampling("max_seconds", None, note="a job past it is recorded as an error and "
+                                           "left out of the report"),
         Option(("--data",), metavar="DIR", default=DOCUMENTED_PLACE,
                help="the directory of slia.jsonl, invbv.jsonl, cp.jsonl and binary.jsonl "
                     f"(default: {DOCUMENTED_PLACE})")),

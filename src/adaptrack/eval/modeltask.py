@@ -130,17 +130,21 @@ class ModelTask:
 #: paper's target (a text ends only at EOS), no budget of model calls (the paper's searches
 #: have none; a task bounds them by ``max_seconds``) and a search past its budget scored as
 #: a miss, never finished by the CD fallback (docs/design.md §2, §6).
-PAPER_OPTIONS: dict[str, Any] = {"end": "eos", "search_budget": None, "fallback": None}
+PAPER_OPTIONS = SamplingOptions(end="eos", search_budget=None, fallback=None)
 
 
 def paper_options(**given: Any) -> SamplingOptions:
-    """:data:`PAPER_OPTIONS` with ``given`` (any :class:`SamplingOptions` field).
+    """:data:`PAPER_OPTIONS` with ``given`` (any :class:`SamplingOptions` field), checked
+    as :class:`SamplingOptions` checks them.
 
     >>> opts = paper_options(method="cd", max_new_tokens=8)
     >>> opts.end, opts.search_budget, opts.fallback, opts.max_new_tokens
     ('eos', None, None, 8)
+    >>> paper_options(top_k=3)
+    Traceback (most recent call last):
+    TypeError: SamplingOptions.__init__() got an unexpected keyword argument 'top_k'
     """
-    return SamplingOptions(**{**PAPER_OPTIONS, **given})
+    return replace(PAPER_OPTIONS, **given)
 
 
 def check_study(study: str, n: int, most: int, temperature: float) -> None:

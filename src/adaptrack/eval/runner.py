@@ -55,7 +55,6 @@ from .jobs import Task as Task
 from .jobs import available_cpus as available_cpus
 from .jobs import group_size as group_size
 from .jobs import grouped as _groups  # noqa: F401  (the name tests and older code use)
-from .modeltask import PAPER_OPTIONS as PAPER_OPTIONS
 from .modeltask import ModelTask as ModelTask
 from .modeltask import check_methods as check_methods
 from .modeltask import check_study as check_study

@@ -4,13 +4,20 @@ check of its records, which the runner applies when it reads a results file; and
 report section. The registry (:mod:`~adaptrack.eval.registry`) lists the declarations, so
 adding a task is one module and one registry line.
 
-An :class:`Option` names its parser by a word of :data:`TYPES` (the command line's checks
-of numbers live with the command line) or gives one of its own; ``names`` makes a
-comma-separated list of names among those given.
+A flag that is a sampling option (``-n``, ``--temperature``, ``--max-new-tokens``, ...) is
+a :class:`Sampling`: ``generate``'s flag, declared once with the field of
+:class:`~adaptrack.options.SamplingOptions`, with the task's default and a note. A flag of
+the task's own is an :class:`Option`, which names its parser by a word of
+:data:`~adaptrack.flags.PARSED` (the command line's checks of numbers live with the
+command line) or gives one of its own; ``names`` makes a comma-separated list of names
+among those given.
 
->>> size = Option(("--size",), type="positive_int", default=3, help="how many")
+>>> size = Option(("--size",), type="count", default=3, help="how many")
 >>> size.dest, size.value({"size": 5})
 ('size', ('size', 5))
+>>> n = Sampling("n", 20, note="per problem")
+>>> n.flags, n.help, n.value({"n": 4})
+(('-n',), 'number of samples (default: 20); per problem', ('n', 4))
 >>> spec = TaskSpec("toy", "a toy", "A toy task.", (size,), task=dict,
 ...                 report=lambda header, records, plots: "# toy")
 >>> spec.build({"size": 5})
@@ -19,21 +26,22 @@ comma-separated list of names among those given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..flags import PARSED, Flag
 from ..generate import METHODS
 from ..lm.load import BACKENDS, DEVICES, DTYPES
+from ..options import option_flags
 from .checks import Check
 from .jobs import Record, Task
 
-__all__ = ["TYPES", "Option", "Report", "TaskSpec", "loading_options", "methods_option",
-           "model_options"]
+__all__ = ["Option", "Report", "Sampling", "TaskOption", "TaskSpec", "loading_options",
+           "methods_option", "model_options"]
 
-#: The parsers an option may name (``adaptrack.cli.common``'s argument types).
-TYPES = ("positive_int", "non_negative_int", "non_negative_float", "positive_float",
-         "probability", "seconds")
+#: A :class:`Sampling`'s default until it is read from the field.
+_FIELD: Any = object()
 
 #: A report section: (header, records, plots directory or None) -> markdown.
 Report = Callable[[dict[str, Any], list[Record], Any], str]
@@ -43,9 +51,11 @@ Report = Callable[[dict[str, Any], list[Record], Any], str]
 class Option:
     """One option of a task: a flag of ``adaptrack eval NAME`` and a keyword of the task.
 
-    ``type``: a word of :data:`TYPES` or a function of the text (raising
+    ``type``: a word of :data:`~adaptrack.flags.PARSED` or a function of the text (raising
     ``argparse.ArgumentTypeError`` or ``ValueError``); ``names``: the value is a
-    comma-separated list of these names; ``flag``: a switch (``store_true``).
+    comma-separated list of these names, read when a value is parsed (the method
+    registry's view takes in a method registered later); ``flag``: a switch
+    (``store_true``).
     ``keyword``: the task's keyword (default: the option's ``dest``); ``convert`` maps
     the parsed value to it (a unit, a negation, a file read).
     """
@@ -56,16 +66,16 @@ class Option:
     default: Any = None
     metavar: str | None = None
     choices: Sequence[Any] | None = None
-    names: tuple[str, ...] | None = None
+    names: Collection[str] | None = None
     required: bool = False
     flag: bool = False
     keyword: str | None = None
     convert: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.type, str) and self.type not in TYPES:
+        if isinstance(self.type, str) and self.type not in PARSED:
             raise ValueError(f"option {self.flags[0]}: type {self.type!r} is not one of "
-                             f"{', '.join(TYPES)}")
+                             f"{', '.join(PARSED)}")
 
     @property
     def dest(self) -> str:
@@ -77,6 +87,65 @@ class Option:
         """The task's keyword and value from the parsed ``values``."""
         got = values[self.dest]
         return self.keyword or self.dest, self.convert(got) if self.convert else got
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A task's flag that is the sampling option ``name`` (a field of
+    :class:`~adaptrack.options.SamplingOptions`): ``generate``'s flag, its spelling, parser
+    and help (:class:`~adaptrack.flags.Flag`), with the task's ``default`` (the field's
+    unless given) and a ``note`` on what the value is to the task, in place of
+    ``generate``'s. The task's keyword is ``name``; a ``ValueError`` for a name that is no
+    field, or a default that the flag's help cannot show.
+
+    >>> top_p = Sampling("top_p", 0.95)
+    >>> top_p.flags, top_p.dest, top_p.default, top_p.help
+    (('--top-p',), 'top_p', 0.95, 'nucleus sampling mass in (0, 1] (default: 0.95)')
+    """
+
+    name: str
+    default: Any = _FIELD
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        declared = {name: (flag, default) for name, flag, default in option_flags()}
+        if self.name not in declared:
+            raise ValueError(f"{self.name!r} is not a sampling option; the flags of the "
+                             "others are task options (Option)")
+        flag, default = declared[self.name]
+        if self.default is _FIELD:
+            object.__setattr__(self, "default", default)  # the field's, once it is known
+        elif self.default != default and "{default" not in flag.help:
+            raise ValueError(f"the help of {flag.name} cannot show the default "
+                             f"{self.default!r}: write it as {{default}} there")
+
+    @property
+    def flag(self) -> Flag:
+        """The option's flag, as ``generate`` has it."""
+        return next(f for name, f, _ in option_flags() if name == self.name)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return (self.flag.name,)
+
+    @property
+    def dest(self) -> str:
+        return self.name
+
+    @property
+    def help(self) -> str:
+        """The flag's help with the task's default and note."""
+        return self.flag.describe(self.default, self.note)
+
+    def value(self, values: Mapping[str, Any]) -> tuple[str, Any]:
+        """The task's keyword and value from the parsed ``values`` (a choice's ``none``:
+        None, as for ``generate``)."""
+        got = values[self.name]
+        return self.name, None if self.flag.reads == "choice" and got == "none" else got
+
+
+#: A task's flag: a sampling option's or one of the task's own.
+TaskOption = Option | Sampling
 
 
 @dataclass(frozen=True)
@@ -92,10 +161,10 @@ class TaskSpec:
     name: str
     help: str
     description: str
-    options: tuple[Option, ...]
+    options: tuple[TaskOption, ...]
     task: Callable[..., Task]
     report: Report
-    model_options: tuple[Option, ...] = ()
+    model_options: tuple[TaskOption, ...] = ()
     header: Mapping[str, Check] = field(default_factory=dict)
     record: Callable[[Record], str | None] | None = None
     scores: Callable[[list[Record]], dict[str, Any]] | None = None
@@ -141,31 +210,36 @@ def loading_options(backend: str | None = "auto", *, auto: str | None = "auto",
     return tuple(out)
 
 
+#: What a task that samples at a temperature says of it (its checks refuse 0).
+SAMPLES_NEED = "the samples need > 0"
+
+
 def model_options(backend: str = "auto", dtype: bool = True,
-                  temperature: bool = True) -> tuple[Option, ...]:
+                  temperature: str | None = SAMPLES_NEED) -> tuple[TaskOption, ...]:
     """The options of a task that samples from a model (:class:`~adaptrack.eval.modeltask.
     ModelTask`): the model, its backend (default ``backend``), device, weight precision
-    (unless ``dtype`` is False: a study that needs float32), one sampling temperature
-    (unless the task declares its own) and the seed.
+    (unless ``dtype`` is False: a study that needs float32), one sampling temperature, its
+    help ending with the note ``temperature`` (None: the task declares its own), and the
+    seed of the run.
 
     >>> [o.dest for o in model_options(backend="transformers", dtype=False)]
     ['model', 'backend', 'device', 'temperature', 'seed']
     """
-    out = list(loading_options(backend, backend_help=_BACKEND_HELP, dtype=dtype,
-                               dtype_note="; a value other than auto is in the results "
-                                          "header"))
-    if temperature:  # 0 passes here and the task refuses it, saying why
-        out.append(Option(("--temperature",), type="non_negative_float", default=1.0,
-                          metavar="T", help="sampling temperature, > 0 (default: 1.0)"))
-    out.append(Option(("--seed",), type="non_negative_int", default=0, metavar="INT",
-                      help="random seed, >= 0 (default: 0)"))
+    out: list[TaskOption] = list(loading_options(
+        backend, backend_help=_BACKEND_HELP, dtype=dtype,
+        dtype_note="; a value other than auto is in the results header"))
+    if temperature is not None:  # 0 passes here and the task refuses it, saying why
+        out.append(Sampling("temperature", note=temperature))
+    out.append(Sampling("seed", 0,
+                        note="each job's own seed is made from it and the job's identity"))
     return tuple(out)
 
 
 def methods_option(default: Sequence[str], inside: str = "", after: str = "") -> Option:
-    """``--methods``: comma-separated methods of ``generate``, ``default`` unless given;
-    the help says more ``inside`` its bracket and ``after`` it."""
-    return Option(("--methods",), names=tuple(METHODS), metavar="M,M",
+    """``--methods``: comma-separated methods of ``generate`` (those registered when a value
+    is parsed), ``default`` unless given; the help says more ``inside`` its bracket and
+    ``after`` it."""
+    return Option(("--methods",), names=METHODS.keys(), metavar="M,M",
                   default=",".join(default),
                   help=f"comma-separated methods (default: {','.join(default)}{inside})"
                        f"{after}")

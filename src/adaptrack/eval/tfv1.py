@@ -210,7 +210,7 @@ SPEC = TaskSpec(
         settings=(Option(("--settings",), names=SETTINGS, default=",".join(SETTINGS),
                          metavar="S,S",
                          help="TensorFlow settings: v1, v2 or both (default: v1,v2)"),)),
-    model_options=model_options(temperature=False), task=TFv1Task, header=API_HEADER,
+    model_options=model_options(temperature=None), task=TFv1Task, header=API_HEADER,
     record=api_record, scores=tfv1_scores, report=api_report)
 """The declaration of the TFv1 task: its flags, header, records and report (Table 1)."""
 

@@ -362,7 +362,7 @@ SPEC = TaskSpec(
         Option(("--packages",), metavar="FILE", convert=_packages,
                help="the packages to build the problems from, one name==version a line "
                     "(default: the 36 of adaptrack/eval/data/tfv1real-packages.txt)"),)),
-    model_options=model_options(temperature=False), task=TFv1RealTask,
+    model_options=model_options(temperature=None), task=TFv1RealTask,
     header={**API_HEADER, "packages": strings(), "max_prompt_tokens": POSITIVE,
             "tokenizer": STR},
     record=api_record, scores=tfv1_scores, report=_report)
