@@ -29,7 +29,7 @@ from typing import Any
 from .flags import Flag, flag
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
-from .sampling.policy import SEARCH_TOKENS, BudgetPolicy
+from .sampling.policy import EARLY_RATIO, SEARCH_TOKENS, BudgetPolicy
 from .sampling.tree import END_POLICIES
 
 #: The built-in methods that sample the target conditioned on ending within
@@ -212,6 +212,12 @@ class SamplingOptions:
         f"n x --max-new-tokens (at least {SEARCH_TOKENS}), the most CD makes (adaptrack "
         "without --share-q: each sample's share; a shared Q: the first sample due within "
         "(n + 1) / 2 shares); 'inf' for none (default: {default:g})", metavar="K"))
+    early_handover: float | None = field(default=EARLY_RATIO, metadata=flag(
+        "--early-handover", "limit",
+        "a search that has made this many times CD's estimated model calls (the tokens of "
+        "the deepest prefix it reached, a sample) hands the samples it has not drawn to the "
+        "fallback, unless the samples it drew say the rest come within one more; 'inf' for "
+        "only --search-budget (default: {default:g})", metavar="R"))
     fallback: str | None = field(default="cd", metadata=flag(
         "--fallback", "choice",
         "when a search (asap, adaptrack, exact) runs past a budget: 'cd' draws the missing "
@@ -247,7 +253,7 @@ class SamplingOptions:
             raise ValueError(f"min_backtrack_prob must be in [0, 1], got "
                              f"{self.min_backtrack_prob}")
         self._set("min_backtrack_prob", share)
-        for name in ("max_seconds", "search_budget"):
+        for name in ("max_seconds", "search_budget", "early_handover"):
             self._set(name, check_limit(name, getattr(self, name)))
         self._check_choices()
 
@@ -336,7 +342,8 @@ class SamplingOptions:
         searches = METHODS[self.method].searches
         return BudgetPolicy.for_search(
             self.search_budget if searches else None, self.max_new_tokens, self.n,
-            fallback_tries=FALLBACK_TRIES if self.search_fallback == "cd" else None)
+            fallback_tries=FALLBACK_TRIES if self.search_fallback == "cd" else None,
+            early=self.early_handover)
 
     @property
     def search_fallback(self) -> str | None:

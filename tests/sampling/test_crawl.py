@@ -119,7 +119,7 @@ def test_independent_walks_fall_back_one_by_one_at_their_share(seed):
     c = at.constraints.regex("[a-p]{2}[a-d]?")
     with pytest.warns(at.SearchFallbackWarning, match=r"of 6 .* its share .*30 a sample"):
         res = at.generate(lm, [], c, method="adaptrack", n=6, seed=seed, max_new_tokens=4,
-                          end="eos", search_budget=share / 64)
+                          end="eos", search_budget=share / 64, early_handover=None)
     fell = [s.fallback for s in res.samples]
     assert any(fell) and all(s.valid for s in res.samples)
     assert res.stats["fallback_samples"] == sum(fell)

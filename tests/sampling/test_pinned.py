@@ -38,12 +38,14 @@ def outcome(res: at.GenerationResult) -> tuple[list[tuple[int, ...]], str, int]:
             res.stats["lm_calls"])
 
 
-def regex_run(method: str, budget: float | None, seed: int, **kwargs):
+def regex_run(method: str, budget: float | None, seed: int, early: float | None = None,
+              **kwargs):
+    """``early``: the early hand-over (None: off, so the budget's own rules are pinned)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", at.SearchFallbackWarning)
         res = at.generate(letters_lm(), [], at.constraints.regex("[a-p]{2}[a-d]?"),
                           method=method, n=5, seed=seed, max_new_tokens=4, end="eos",
-                          search_budget=budget, **kwargs)
+                          search_budget=budget, early_handover=early, **kwargs)
     return outcome(res)
 
 
@@ -52,7 +54,8 @@ def api_run(method: str, budget: float | None, seed: int, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", at.SearchFallbackWarning)
         res = at.generate(lm, [], names, method=method, n=4, seed=seed,
-                          max_new_tokens=max_new, search_budget=budget, **kwargs)
+                          max_new_tokens=max_new, search_budget=budget, early_handover=None,
+                          **kwargs)
     return outcome(res)
 
 
@@ -162,3 +165,26 @@ def test_regex_samples_are_pinned(label, method, kwargs, budget):
 @pytest.mark.parametrize(("label", "method", "kwargs"), METHOD_CASES)
 def test_api_name_samples_are_pinned(label, method, kwargs, budget):
     assert api_run(method, budget, 1, **kwargs) == PINNED_API[label, budget]
+
+
+#: The default early hand-over (early_handover=3) on the regex at search_budget 2: the
+#: searches crawl, so each hands every sample to CD after about 3 x CD's estimated cost.
+PINNED_EARLY: dict[str, object] = {
+    'asap': (
+        [(14, 4, 3, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 6, 1, 16)],
+        '.....', 15),
+    'adaptrack': (
+        [(0, 5, 3, 16), (0, 12, 1, 16), (0, 15, 3, 16), (5, 1, 0, 16), (5, 8, 3, 16)],
+        'FFFFF', 95),
+    'adaptrack_share_q': (
+        [(11, 10, 1, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
+        'FFFFF', 94),
+    'exact': (
+        [(5, 15, 3, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
+        'FFFFF', 94),
+}
+
+
+@pytest.mark.parametrize(("label", "method", "kwargs"), METHOD_CASES[2:])
+def test_early_handover_samples_are_pinned(label, method, kwargs):
+    assert regex_run(method, 2.0, 0, early=3.0, **kwargs) == PINNED_EARLY[label]

@@ -69,10 +69,12 @@ class BudgetPolicy:
 
     @classmethod
     def for_search(cls, search_budget: float | None, max_new_tokens: int, n: int, *,
-                   fallback_tries: int | None) -> BudgetPolicy:
+                   fallback_tries: int | None,
+                   early: float | None = EARLY_RATIO) -> BudgetPolicy:
         """The policy of a search of ``n`` samples: ``search_budget`` x ``max_new_tokens``
         model calls a sample, the tokens counted as at least :data:`SEARCH_TOKENS` (None:
-        no call budget).
+        no call budget), handing over early at ``early`` x CD's estimated cost
+        (:meth:`early_calls`; None: only the budget; no call budget, no early hand-over).
 
         >>> BudgetPolicy.for_search(3.0, 10, 2, fallback_tries=4).max_calls   # 3 x 64 x 2
         384
@@ -80,7 +82,7 @@ class BudgetPolicy:
         share = None if search_budget is None else search_budget * max(max_new_tokens,
                                                                         SEARCH_TOKENS)
         return cls(sample_calls=share, n=n, fallback_tries=fallback_tries,
-                   early=None if share is None else EARLY_RATIO)
+                   early=None if share is None else early)
 
     @staticmethod
     def request_calls(sample_calls: float | None, n: int) -> int | None:
@@ -167,18 +169,18 @@ class BudgetPolicy:
         the samples it drew say the rest come within one more CD's cost (the rate at which
         it draws them). Independent samples hand over one by one (:meth:`past_share`)."""
         early = self.early_calls(tree)
-        if early is None or self.share is not None:
+        if early is None or self.early is None or self.share is not None:
             return
         spent, drawn = tree.lm_calls - self._calls_at_bind, len(self._drawn)
         if spent < early * self.n:
             return
         cd = self.cd_calls(tree) * self.n
-        if drawn and spent * self.n / drawn <= (self.early + 1) * cd:  # type: ignore[operator]
+        if drawn and spent * self.n / drawn <= (self.early + 1) * cd:
             return
         raise CallLimitError(
             f"the search made {spent} model calls and drew {drawn} of {self.n} samples, "
             f"past {self.early:g} x CD's estimated cost ({math.ceil(cd)} calls); CD draws "
-            "the rest (set search_budget=None to search without this limit)")
+            "the rest (early_handover; None to search on to the budget)")
 
     def past_share(self, rows: int, tree: PrefixTree | None = None) -> CallLimitError | None:
         """Why a sample's walk that caused ``rows`` model rows and needs one more hands over
@@ -187,12 +189,11 @@ class BudgetPolicy:
         if self.share is None:
             return None
         early = None if tree is None else self.early_calls(tree)
-        if early is not None and early < self.share and rows >= early:
+        if tree is not None and early is not None and early < self.share and rows >= early:
             return CallLimitError(
                 f"a sample's walk made {rows} model calls, {self.early:g} x CD's estimated "
-                f"cost of a sample ({math.ceil(self.cd_calls(tree))} calls: the early "  # type: ignore[arg-type]
-                "hand-over); CD draws it (set search_budget=None to search without this "
-                "limit)")
+                f"cost of a sample ({math.ceil(self.cd_calls(tree))} calls); CD draws it "
+                "(early_handover; None to search on to the budget)")
         if rows < self.share:
             return None
         return CallLimitError(

@@ -19,7 +19,7 @@ of either for several prompts) or ``messages``, ``n``, ``max_tokens`` (chat also
 ``guided_choice``, ``guided_grammar`` (GBNF when a line defines a rule with ``::=``, else
 Lark) and ``guided_api_names`` (dotted names, :func:`adaptrack.constraints.api_names`); and
 adaptrack's ``decoding_method``, ``share_q``, ``max_backtrack``, ``fast_forward``, ``end``,
-``fallback``, ``max_seconds`` and ``search_budget``. Python predicates and ``from_module``
+``fallback``, ``max_seconds``, ``search_budget`` and ``early_handover``. Python predicates and ``from_module``
 are not reachable: they run code.
 
 >>> req = CompletionRequest.model_validate({"prompt": "ab", "guided_choice": ["a", "b"]})
@@ -190,6 +190,7 @@ class BaseRequest(_Model):
     fallback: Literal["cd", "none"] = "cd"
     max_seconds: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     search_budget: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    early_handover: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     # accepted and not used: they say nothing about sampling
     user: Any = None
     metadata: Any = None
@@ -279,8 +280,9 @@ class BaseRequest(_Model):
             max_new_tokens=max_new_tokens, seed=self.seed, fast_forward=self.fast_forward,
             share_q=self.share_q, max_backtrack=self.max_backtrack, end=self.end,
             fallback=None if self.fallback == "none" else self.fallback)
-        if self.search_budget is not None:
-            given["search_budget"] = self.search_budget
+        for name in ("search_budget", "early_handover"):
+            if getattr(self, name) is not None:
+                given[name] = getattr(self, name)
         return SamplingOptions(**given)
 
 
