@@ -29,7 +29,7 @@ from typing import Any
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
 from .sampling.policy import SEARCH_TOKENS, BudgetPolicy
-from .sampling.tree import END_POLICIES
+from .sampling.treeoptions import END_POLICIES, TreeOptions
 
 #: The built-in methods that sample the target conditioned on ending within
 #: ``max_new_tokens``: without a constraint they search for free text that stops that early
@@ -63,6 +63,9 @@ MAX_SECONDS = 600.0
 SEARCH_BUDGET = 3.0
 #: More samples than this in one call is refused: each one is kept in memory until the end.
 MAX_N = 10_000_000
+
+#: The options a prefix tree shares with a call take the tree's defaults, declared there.
+_TREE = TreeOptions()
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -153,30 +156,31 @@ class SamplingOptions:
         choices=tuple(METHODS)))
     n: int = field(default=1, metadata=_flag(
         "-n", "count", "number of samples (default: 1)"))
-    temperature: float = field(default=1.0, metadata=_flag(
-        "--temperature", "non_negative", "sampling temperature; 0 is greedy (default: 1.0)",
-        metavar="T"))
-    top_p: float = field(default=1.0, metadata=_flag(
-        "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: 1.0)",
+    temperature: float = field(default=_TREE.temperature, metadata=_flag(
+        "--temperature", "non_negative",
+        f"sampling temperature; 0 is greedy (default: {_TREE.temperature})", metavar="T"))
+    top_p: float = field(default=_TREE.top_p, metadata=_flag(
+        "--top-p", "probability", f"nucleus sampling mass in (0, 1] (default: {_TREE.top_p})",
         metavar="P"))
     seed: int | None = field(default=None, metadata=_flag(
         "--seed", "natural", "random seed, >= 0 (the same seed, the same samples)",
         metavar="INT"))
-    max_new_tokens: int = field(default=64, metadata=_flag(
-        "--max-new-tokens", "count", "most tokens per sample (default: 64)", metavar="N"))
+    max_new_tokens: int = field(default=_TREE.max_new_tokens, metadata=_flag(
+        "--max-new-tokens", "count", f"most tokens per sample (default: {_TREE.max_new_tokens})",
+        metavar="N"))
     truncate_prompt: bool = field(default=False, metadata=_flag(
         "--truncate-prompt", "switch",
         "when the prompt and --max-new-tokens exceed the model's context, keep the prompt's "
         "last tokens (default: stop with an error)"))
-    allow_truncated: bool = field(default=False, metadata=_flag(
+    allow_truncated: bool = field(default=_TREE.allow_truncated, metadata=_flag(
         "--allow-truncated", "switch",
         "a valid prefix that reaches --max-new-tokens ends its sample, marked incomplete "
         "(default: the searches sample text that ends within --max-new-tokens)"))
-    end: str = field(default="leave", metadata=_flag(
+    end: str = field(default=_TREE.end, metadata=_flag(
         "--end", "choice",
         "where a text the constraint accepts ends: 'leave', where the model's next token "
         "cannot continue it (EOS or any token the constraint rejects); 'eos', only at EOS, "
-        "the AdapTrack paper's target (default: leave)", choices=END_POLICIES))
+        f"the AdapTrack paper's target (default: {_TREE.end})", choices=END_POLICIES))
     fast_forward: bool | FastForward = field(default=True, metadata=_flag(
         "--no-fast-forward", "negated",
         "feed bytes the constraint forces token by token instead of as their canonical "
@@ -198,16 +202,16 @@ class SamplingOptions:
         f"walks in flight over one shared Q (exact; asap, adaptrack --share-q): 'on' "
         f"({PARALLEL_WALKS}), 'off' (one at a time), a number, or 'auto', the method's "
         "default: on for exact, off otherwise (default: auto)", metavar="WALKS"))
-    max_nodes: int = field(default=100_000, metadata=_flag(
+    max_nodes: int = field(default=_TREE.max_nodes, metadata=_flag(
         "--max-nodes", "count",
-        "budget: most prefixes in the search tree (default: 100000)", metavar="N"))
-    max_cache_bytes: int = field(default=1 << 30, metadata=_flag(
+        f"budget: most prefixes in the search tree (default: {_TREE.max_nodes})", metavar="N"))
+    max_cache_bytes: int = field(default=_TREE.max_cache_bytes, metadata=_flag(
         "--max-cache-bytes", "natural",
         "bytes of expansions kept as a cache: dropped ones are recomputed, samples unchanged "
-        f"(default: {1 << 30})", metavar="BYTES"))
-    max_opened_bytes: int = field(default=1 << 30, metadata=_flag(
+        f"(default: {_TREE.max_cache_bytes})", metavar="BYTES"))
+    max_opened_bytes: int = field(default=_TREE.max_opened_bytes, metadata=_flag(
         "--max-opened-bytes", "natural",
-        f"budget: bytes of expansions the search holds (default: {1 << 30})",
+        f"budget: bytes of expansions the search holds (default: {_TREE.max_opened_bytes})",
         metavar="BYTES"))
     max_seconds: float | None = field(default=MAX_SECONDS, metadata=_flag(
         "--max-seconds", "limit",
@@ -362,6 +366,25 @@ class SamplingOptions:
             return ff
         return replace(ff, force=METHODS[self.method].forces_chains if forces is None
                        else forces)
+
+    def tree_options(self, *, constrained: bool = True,
+                     forces: bool | None = None) -> TreeOptions:
+        """The options of a prefix tree for a call with these: ``constrained=False``
+        (unconstrained sampling) walks without the constraint's length rule, chains and end
+        policy; ``forces`` as in :meth:`chains`. The call budget is the policy's
+        (:meth:`budget_policy`), set on the tree when it is bound.
+
+        >>> SamplingOptions(max_new_tokens=8).tree_options(constrained=False).end
+        'eos'
+        """
+        return TreeOptions(
+            temperature=self.temperature, top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens, max_nodes=self.max_nodes,
+            max_cache_bytes=self.max_cache_bytes, max_opened_bytes=self.max_opened_bytes,
+            max_seconds=self.max_seconds, restrict_length=constrained,
+            allow_truncated=self.allow_truncated,
+            fast_forward=self.chains(forces) if constrained else None,
+            end=self.end if constrained else "eos")
 
     @classmethod
     def merged(cls, options: SamplingOptions | None, given: dict[str, Any],
