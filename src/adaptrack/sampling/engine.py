@@ -378,9 +378,8 @@ class Engine:
         return {i: s.waits for i, s in req._slots.items() if isinstance(s.waits, Node)}
 
 
-# A driver outside any request (the enumeration, a server reading alternatives, a test) asks
-# the model through these, so that this module stays the one caller of the model; the
-# driver holds the model, as an Engine does, and the tree holds none.
+# A driver outside any request (the enumeration, a server reading alternatives, a test) holds
+# the model and asks it through these, so that this module stays the one caller of the model.
 
 
 def expand_many(lm: LanguageModel, tree: PrefixTree, nodes: list[Node]) -> None:
@@ -406,9 +405,8 @@ def expand(lm: LanguageModel, tree: PrefixTree, node: Node) -> Expansion:
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
     >>> tree = PrefixTree([], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
-    >>> e = expand(lm, tree, tree.root)
-    >>> e.ids.tolist(), e.p.round(2).tolist(), expand(lm, tree, tree.root) is e
-    ([0, 1], [0.5, 0.25], True)
+    >>> e = expand(lm, tree, tree.root); e.ids.tolist(), e.p.round(2).tolist()
+    ([0, 1], [0.5, 0.25])
     """
     if node.expansion is None:
         expand_many(lm, tree, [node])
