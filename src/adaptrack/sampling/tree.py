@@ -33,10 +33,10 @@ __all__ = ["Node", "PrefixTree"]
 class PrefixTree:
     """Prefixes of one prompt under one constraint, with the model's outputs cached, as
     ``options`` say (:class:`~adaptrack.sampling.treeoptions.TreeOptions`; default: its
-    defaults). The tree holds no model: the engine asks it and stores the rows here
-    (docs/design.md §4). What the tree needs of the model is data: ``dtype``, its
-    ``probs_dtype``, and ``tokenizer``, its tokenizer (:meth:`Tokenizer.for_model`), for the
-    forced chains of ``options.fast_forward`` when that names none.
+    defaults). The tree holds no model: the engine asks the model and stores its rows here
+    (docs/design.md §4). What the tree needs of the model is passed as data: ``dtype``, the
+    model's ``probs_dtype``, and ``tokenizer``, its tokenizer (:meth:`Tokenizer.for_model`)
+    for the forced chains of ``options.fast_forward`` when that names none.
 
     The cache of expansions is bounded by ``max_cache_bytes``: past it, the least recently
     expanded prefixes that no Q table has opened lose their expansion, and a later visit
