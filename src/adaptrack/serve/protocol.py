@@ -45,7 +45,7 @@ from pydantic_core import PydanticCustomError
 
 from ..options import SamplingOptions
 from ..sampling.methods import METHODS, foreign_options, owners
-from ..sampling.tree import END_POLICIES
+from ..sampling.treeoptions import END_POLICIES
 from .errors import show
 from .tool_protocol import ChatMessage, StructuredOutputs, Tool, ToolChoice, invalid
 
