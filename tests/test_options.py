@@ -18,6 +18,7 @@ from adaptrack.cli.common import add_sampling_arguments, sampling_argv, sampling
 from adaptrack.generate import prepare
 from adaptrack.options import MAX_SECONDS, METHODS, SamplingOptions
 from adaptrack.sampling.engine import Engine
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.serve.preprocess import parse
 
 LM = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -83,6 +84,25 @@ def test_chains_follow_the_method():
     assert SamplingOptions(fast_forward=False).chains() is None
     own = at.FastForward(max_tokens=2, force=True)
     assert SamplingOptions(method="exact", fast_forward=own).chains() is own
+
+
+def test_a_trees_options_are_the_calls():
+    # What a prefix tree shares with a call is the call's, defaults included (declared once,
+    # in TreeOptions; a tree built directly has no time budget); unconstrained sampling
+    # walks without the length rule, the chains and the end policy.
+    shared = ({f.name for f in dataclasses.fields(TreeOptions)} & set(FIELDS)) - {"fast_forward"}
+    assert shared >= {"temperature", "top_p", "max_new_tokens", "max_nodes", "end"}
+    given = SamplingOptions(method="exact", temperature=0.5, top_p=0.9, max_new_tokens=7,
+                            max_nodes=11, max_cache_bytes=13, max_opened_bytes=17,
+                            max_seconds=19.0, allow_truncated=True, end="eos")
+    for o in (SamplingOptions(), given):
+        t = o.tree_options()
+        assert {n: getattr(t, n) for n in shared} == {n: getattr(o, n) for n in shared}
+        assert t.fast_forward == o.chains() and t.restrict_length and t.max_calls is None
+    free = given.tree_options(constrained=False)
+    assert (free.fast_forward, free.restrict_length, free.end) == (None, False, "eos")
+    tree, call = TreeOptions(), SamplingOptions()
+    assert [n for n in shared if getattr(tree, n) != getattr(call, n)] == ["max_seconds"]
 
 
 # -- the entry points build it or take it -------------------------------------------------

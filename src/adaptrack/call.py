@@ -33,6 +33,8 @@ from .results import FreeTextWarning, GenerationResult, Sample
 from .sampling.engine import Engine, Request
 from .sampling.methods import METHODS, build
 from .sampling.tree import Node, PrefixTree
+from .sampling.treeoptions import TreeOptions
+from .tokenization.tokenizer import Tokenizer
 
 
 def check_lm(lm: object) -> None:
@@ -193,14 +195,15 @@ def _tree(lm: LanguageModel, ids: list[int], matcher: Matcher, free: bool,
     unconstrained = not METHODS[o.method].constrained
     walker = (Anything(matcher.terminators, stop).bind(lm.vocab) if unconstrained and not free
               else matcher)
-    return PrefixTree(lm, ids, walker, temperature=o.temperature, top_p=o.top_p,
-                      max_new_tokens=o.max_new_tokens, max_nodes=o.max_nodes,
-                      max_cache_bytes=o.max_cache_bytes, max_opened_bytes=o.max_opened_bytes,
-                      max_seconds=o.max_seconds,
-                      restrict_length=not unconstrained,
-                      allow_truncated=o.allow_truncated,
-                      fast_forward=None if unconstrained else o.chains(),
-                      end="eos" if unconstrained else o.end)
+    return model_tree(lm, ids, walker, o.tree_options(constrained=not unconstrained))
+
+
+def model_tree(lm: LanguageModel, ids: Sequence[int], matcher: Matcher,
+               options: TreeOptions) -> PrefixTree:
+    """The prefix tree of ``lm``'s prompt ``ids``: the tree holds no model, only what it
+    needs of it (the dtype of its probabilities; its tokenizer, for forced chains)."""
+    tokenizer = None if options.fast_forward is None else Tokenizer.for_model(lm)
+    return PrefixTree(ids, matcher, options, dtype=lm.probs_dtype, tokenizer=tokenizer)
 
 
 class PreparedCall:

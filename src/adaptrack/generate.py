@@ -15,6 +15,7 @@ from .call import (
     bind_constraint,
     check_lm,
     fit_prompt,
+    model_tree,
     prompt_ids,
     require_room,
 )
@@ -35,7 +36,6 @@ from .results import FreeTextWarning, GenerationResult, Sample, SearchFallbackWa
 from .sampling.engine import Engine
 from .sampling.enumerate import enumerate_tree
 from .sampling.methods import METHODS
-from .sampling.tree import PrefixTree
 
 __all__ = [
     "FALLBACKS", "MAX_N", "MAX_SECONDS", "METHODS", "PARALLEL_WALKS", "SEARCHES",
@@ -381,7 +381,8 @@ def exact_distribution(
     The options are :class:`~adaptrack.options.SamplingOptions`'s, as ``options=`` or
     keyword ``overrides`` (checked by it, as in :func:`generate`); those read here are
     ``max_new_tokens``, ``temperature``, ``top_p``, ``max_nodes``, ``max_seconds``,
-    ``fast_forward``, ``allow_truncated`` and ``end`` (the others do not apply).
+    ``max_cache_bytes`` (the result does not depend on it), ``fast_forward``,
+    ``allow_truncated`` and ``end`` (the others do not apply).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"0", b"1", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -397,12 +398,9 @@ def exact_distribution(
     matcher = bind_constraint(constraint, lm)
     if not o.allow_truncated:
         require_room(matcher, o.max_new_tokens)
-    tree = PrefixTree(lm, ids, matcher, temperature=o.temperature, top_p=o.top_p,
-                      max_new_tokens=o.max_new_tokens, max_nodes=o.max_nodes,
-                      max_seconds=o.max_seconds,
-                      fast_forward=o.chains(forces=False),  # the target the searches sample
-                      allow_truncated=o.allow_truncated, end=o.end)
-    dist = enumerate_tree(tree)
+    # Chains only prefilled: the target the searches sample.
+    tree = model_tree(lm, ids, matcher, o.tree_options(forces=False))
+    dist = enumerate_tree(lm, tree)
     if not dist:
         raise NoValidSequenceError(
             f"the constraint admits no complete sequence within "

@@ -30,7 +30,7 @@ from .flags import Flag, flag
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
 from .sampling.policy import EARLY_RATIO, SEARCH_TOKENS, BudgetPolicy
-from .sampling.tree import END_POLICIES
+from .sampling.treeoptions import END_POLICIES, TreeOptions
 
 #: The built-in methods that sample the target conditioned on ending within
 #: ``max_new_tokens``: without a constraint they search for free text that stops that early
@@ -64,6 +64,9 @@ MAX_SECONDS = 600.0
 SEARCH_BUDGET = 3.0
 #: More samples than this in one call is refused: each one is kept in memory until the end.
 MAX_N = 10_000_000
+
+#: The options a prefix tree shares with a call take the tree's defaults, declared there.
+_TREE = TreeOptions()
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -142,29 +145,29 @@ class SamplingOptions:
         choices=METHODS.keys()))
     n: int = field(default=1, metadata=flag(
         "-n", "count", "number of samples (default: {default})"))
-    temperature: float = field(default=1.0, metadata=flag(
+    temperature: float = field(default=_TREE.temperature, metadata=flag(
         "--temperature", "non_negative",
         "sampling temperature; 0 is greedy (default: {default})",
         metavar="T"))
-    top_p: float = field(default=1.0, metadata=flag(
+    top_p: float = field(default=_TREE.top_p, metadata=flag(
         "--top-p", "probability", "nucleus sampling mass in (0, 1] (default: {default})",
         metavar="P"))
     seed: int | None = field(default=None, metadata=flag(
         "--seed", "natural",
         "random seed, >= 0 (the same seed, the same samples; default: {default})",
         metavar="INT"))
-    max_new_tokens: int = field(default=64, metadata=flag(
+    max_new_tokens: int = field(default=_TREE.max_new_tokens, metadata=flag(
         "--max-new-tokens", "count", "most tokens per sample (default: {default})",
         metavar="N"))
     truncate_prompt: bool = field(default=False, metadata=flag(
         "--truncate-prompt", "switch",
         "when the prompt and --max-new-tokens exceed the model's context, keep the prompt's "
         "last tokens (default: stop with an error)"))
-    allow_truncated: bool = field(default=False, metadata=flag(
+    allow_truncated: bool = field(default=_TREE.allow_truncated, metadata=flag(
         "--allow-truncated", "switch",
         "a valid prefix that reaches --max-new-tokens ends its sample, marked incomplete "
         "(default: the searches sample text that ends within --max-new-tokens)"))
-    end: str = field(default="leave", metadata=flag(
+    end: str = field(default=_TREE.end, metadata=flag(
         "--end", "choice",
         "where a text the constraint accepts ends: 'leave', where the model's next token "
         "cannot continue it (EOS or any token the constraint rejects); 'eos', only at EOS, "
@@ -190,14 +193,14 @@ class SamplingOptions:
         f"walks in flight over one shared Q (exact; asap, adaptrack --share-q): 'on' "
         f"({PARALLEL_WALKS}), 'off' (one at a time), a number, or 'auto', the method's "
         "default: on for exact, off otherwise (default: {default})", metavar="WALKS"))
-    max_nodes: int = field(default=100_000, metadata=flag(
+    max_nodes: int = field(default=_TREE.max_nodes, metadata=flag(
         "--max-nodes", "count",
         "budget: most prefixes in the search tree (default: {default})", metavar="N"))
-    max_cache_bytes: int = field(default=1 << 30, metadata=flag(
+    max_cache_bytes: int = field(default=_TREE.max_cache_bytes, metadata=flag(
         "--max-cache-bytes", "natural",
         "bytes of expansions kept as a cache: dropped ones are recomputed, samples unchanged "
         "(default: {default})", metavar="BYTES"))
-    max_opened_bytes: int = field(default=1 << 30, metadata=flag(
+    max_opened_bytes: int = field(default=_TREE.max_opened_bytes, metadata=flag(
         "--max-opened-bytes", "natural",
         "budget: bytes of expansions the search holds (default: {default})",
         metavar="BYTES"))
@@ -361,6 +364,25 @@ class SamplingOptions:
             return ff
         return replace(ff, force=METHODS[self.method].forces_chains if forces is None
                        else forces)
+
+    def tree_options(self, *, constrained: bool = True,
+                     forces: bool | None = None) -> TreeOptions:
+        """The options of a prefix tree for a call with these: ``constrained=False``
+        (unconstrained sampling) walks without the constraint's length rule, chains and end
+        policy; ``forces`` as in :meth:`chains`. The call budget is the policy's
+        (:meth:`budget_policy`), set on the tree when it is bound.
+
+        >>> SamplingOptions(max_new_tokens=8).tree_options(constrained=False).end
+        'eos'
+        """
+        return TreeOptions(
+            temperature=self.temperature, top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens, max_nodes=self.max_nodes,
+            max_cache_bytes=self.max_cache_bytes, max_opened_bytes=self.max_opened_bytes,
+            max_seconds=self.max_seconds, restrict_length=constrained,
+            allow_truncated=self.allow_truncated,
+            fast_forward=self.chains(forces) if constrained else None,
+            end=self.end if constrained else "eos")
 
     @classmethod
     def merged(cls, options: SamplingOptions | None, given: dict[str, Any],

@@ -13,6 +13,7 @@ from adaptrack.options import FALLBACK_TRIES
 from adaptrack.sampling.adaptrack import AHEAD_SHARE, AdapTrack
 from adaptrack.sampling.engine import Engine
 from adaptrack.sampling.tree import PrefixTree
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.testing import hashed_weights
 
 LETTERS = [chr(ord("a") + i) for i in range(16)]
@@ -78,7 +79,7 @@ def test_the_cache_bound_holds_with_siblings_fetched_ahead(monkeypatch):
     lm = Counting()
     c = at.constraints.regex("[a-p]{2}[a-d]?").bind(lm.vocab)
     bound = 600  # a few expansions of 17 float64 numbers
-    tree = PrefixTree(lm, [], c, max_new_tokens=4, end="eos", max_cache_bytes=bound)
+    tree = PrefixTree([], c, TreeOptions(max_new_tokens=4, end="eos", max_cache_bytes=bound))
     method, got = AdapTrack(tree, greedy=False), {}
     engine = Engine(lm)
     engine.submit(method, 6, 0, lambda i, node, used: got.__setitem__(i, (node.tokens, used)),

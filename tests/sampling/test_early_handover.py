@@ -74,7 +74,7 @@ def test_a_search_that_draws_its_samples_keeps_them(method, kwargs):
 
 def test_cd_cost_is_estimated_from_the_bound_the_tree_and_the_samples():
     lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
-    tree = PrefixTree(lm, [], at.constraints.choice(["aaaa", "ab"]).bind(lm.vocab))
+    tree = PrefixTree([], at.constraints.choice(["aaaa", "ab"]).bind(lm.vocab))
     policy = BudgetPolicy(fallback_tries=4, early=2.0)
     policy.bind(tree)
     assert policy.cd_calls(tree) == 3  # "ab" and its EOS

@@ -14,6 +14,7 @@ import pytest
 import adaptrack as at
 from adaptrack.constraints.grammar import JSON_WHITESPACE
 from adaptrack.sampling.engine import expand
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.testing import ends_or_goes_on, hashed_weights
 
 
@@ -73,10 +74,10 @@ def test_leave_target_is_the_definition():
 
 def test_leave_moves_the_leaving_mass_onto_eos():
     lm, c, max_new = ends_or_goes_on()
-    tree = at.sampling.tree.PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=max_new)
-    expand(tree, tree.root)  # the test is the driver: it asks the model
+    tree = at.sampling.tree.PrefixTree([], c.bind(lm.vocab), TreeOptions(max_new_tokens=max_new))
+    expand(lm, tree, tree.root)  # the test is the driver: it asks the model
     a = tree.child(tree.root, 0)  # "a": accepted, may go on with a, b or ab
-    exp = expand(tree, a)
+    exp = expand(lm, tree, a)
     probs = np.asarray(lm.next_probs((0,)), dtype=float)
     probs /= probs.sum()
     ids = exp.ids.tolist()
@@ -337,7 +338,7 @@ def test_the_fallback_tries_again_from_where_the_walk_had_reached():
             return (yield from super().walk(seen, rng, start=reached))
 
     def texts(cls: type[ConstrainedDecoding]) -> tuple[list[bytes], int]:
-        tree = PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=4, end="eos")
+        tree = PrefixTree([], c.bind(lm.vocab), TreeOptions(max_new_tokens=4, end="eos"))
         method, out, engine = cls(tree, greedy=False, tries=4), [], Engine(lm)
         engine.submit(method, 40, 0, lambda i, node, _: out.append(
             lm.vocab.decode(list(node.tokens[:-1]))), width=8)
@@ -362,15 +363,15 @@ def test_the_fallback_backs_up_a_token_at_a_dead_end():
     lm = at.TableLM([b"a", b"b", b"c", b"d", b"e", b"<eos>"],
                     lambda prefix: table.get(tuple(prefix), [1] * 6), eos=5)
     c = at.constraints.choice(["ab", "accccc", "d", "e"])
-    tree = PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=4, end="eos")
+    tree = PrefixTree([], c.bind(lm.vocab), TreeOptions(max_new_tokens=4, end="eos"))
     method, out = ConstrainedDecoding(tree, greedy=False, tries=4), []
     engine = Engine(lm)
     engine.submit(method, 300, 0, lambda i, node, _: out.append(
         lm.vocab.decode(list(node.tokens[:-1]))), width=8)
     engine.run()
     assert set(out) <= {b"ab", b"d", b"e"} and out.count(b"ab") > 70
-    paper = ConstrainedDecoding(PrefixTree(lm, [], c.bind(lm.vocab), max_new_tokens=4,
-                                           end="eos"), greedy=False)  # tries=1: no backing up
+    paper = ConstrainedDecoding(PrefixTree([], c.bind(lm.vocab), TreeOptions(
+        max_new_tokens=4, end="eos")), greedy=False)  # tries=1: no backing up
     cut: list[bool] = []
     engine = Engine(lm)
     engine.submit(paper, 300, 0, lambda i, node, _: cut.append(node.complete), width=8)

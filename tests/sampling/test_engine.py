@@ -14,7 +14,7 @@ from stats import chi_square_p, counts
 import adaptrack as at
 from adaptrack.constraints import choice
 from adaptrack.generate import generate_each
-from adaptrack.sampling import PrefixTree
+from adaptrack.sampling import PrefixTree, TreeOptions
 from adaptrack.sampling.engine import Engine, expand
 from adaptrack.sampling.exact import SCHEDULES, Exact
 from adaptrack.testing import PROBLEMS, binary, hashed_weights
@@ -114,7 +114,7 @@ def test_exact_attempts_read_one_q(schedule: str, monkeypatch: pytest.MonkeyPatc
     flight (``ahead`` has one attempt in flight at a time: its tests are below)."""
     monkeypatch.setattr(Exact, "schedule", schedule)
     lm, constraint, max_new = PROBLEMS["no_ab"]()
-    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
+    tree = PrefixTree([], constraint.bind(lm.vocab), TreeOptions(max_new_tokens=max_new))
     method = Exact(tree, greedy=False)
     in_release = [False]
     opened = []
@@ -285,7 +285,7 @@ def test_exact_rounds_follow_their_schedule(schedule: str) -> None:
     """A round runs at most the attempts its schedule allows, computed from earlier rounds
     only; the root is open before any attempt unless ``fixed`` (the rounds before)."""
     lm, bits, max_new = binary()
-    tree = PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new, end="eos")
+    tree = PrefixTree([], bits.bind(lm.vocab), TreeOptions(max_new_tokens=max_new, end="eos"))
 
     class Scheduled(Exact):
         pass
@@ -332,7 +332,8 @@ def test_exact_schedule_wastes_fewer_attempts_than_fixed_rounds() -> None:
         Scheduled.schedule, Scheduled.open_root = schedule, schedule != "fixed"
         total = 0
         for seed in range(3):
-            tree = PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new, end="eos")
+            tree = PrefixTree([], bits.bind(lm.vocab),
+                              TreeOptions(max_new_tokens=max_new, end="eos"))
             method = Scheduled(tree, greedy=False)
             engine = Engine(lm)
             engine.submit(method, 500, seed, lambda i, node, k: None, width=32)
@@ -352,8 +353,8 @@ def _ahead_run(problem: str, lookahead: int, cache: int, n: int = 40
         schedule = "ahead"
 
     Ahead.lookahead = lookahead
-    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new,
-                      end="eos", max_cache_bytes=cache)
+    tree = PrefixTree([], constraint.bind(lm.vocab),
+                      TreeOptions(max_new_tokens=max_new, end="eos", max_cache_bytes=cache))
     method = Ahead(tree, greedy=False)
     passes = 0
     call = lm.next_logprobs
@@ -430,7 +431,7 @@ def test_exact_unknown_schedule_is_an_error() -> None:
         schedule = "sometimes"
 
     with pytest.raises(ValueError, match="unknown schedule 'sometimes'"):
-        Odd(PrefixTree(lm, [], bits.bind(lm.vocab), max_new_tokens=max_new), greedy=False)
+        Odd(PrefixTree([], bits.bind(lm.vocab), TreeOptions(max_new_tokens=max_new)), greedy=False)
 
 
 @pytest.mark.parametrize("problem", ["no_ab", "binary"])
@@ -457,17 +458,17 @@ def test_a_walk_waits_again_for_an_expansion_the_cache_dropped():
     from adaptrack.sampling.cd import ConstrainedDecoding
 
     lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
-    tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    tree = PrefixTree([], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     wait = ConstrainedDecoding(tree, greedy=True).expand(tree.root)
     assert next(wait) is tree.root
-    expand(tree, tree.root)  # the driver's call ...
+    expand(lm, tree, tree.root)  # the driver's call ...
     tree.root.expansion = None  # ... and an eviction before the walk resumes
     assert next(wait) is tree.root and tree.lm_calls == 1  # it waits again
     with pytest.raises(RuntimeError, match="before its expansion"):
         tree.child(tree.root, 1)
     with pytest.raises(RuntimeError, match="did not wait"):
         QTable(tree).open(tree.root)
-    expand(tree, tree.root)
+    expand(lm, tree, tree.root)
     with pytest.raises(StopIteration) as done:
         next(wait)
     assert done.value.value is tree.root.expansion and tree.lm_calls == 2

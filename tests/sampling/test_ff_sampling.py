@@ -16,7 +16,9 @@ from adaptrack.sampling.engine import expand
 from adaptrack.sampling.fastforward import FastForward
 from adaptrack.sampling.qtable import QTable
 from adaptrack.sampling.tree import PrefixTree
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.testing import hashed_weights
+from adaptrack.tokenization.tokenizer import Tokenizer
 
 # "xyzw" is forced at the start. Greedy (TableLM's canonical) tokens: "xyz" "w"; "w1" could
 # span the end, so "w" is held back and only "xyz" is forced.
@@ -124,10 +126,11 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     """Formula 2 through a forced chain: Q[root] = P(xyz | root) · Q[xyz], with the forced
     token's own model probability, once the chain's end is opened."""
     lm = CountingLM()
-    tree = PrefixTree(lm, [], NAMES.bind(lm.vocab), max_new_tokens=6,
-                      fast_forward=FastForward())
+    tree = PrefixTree([], NAMES.bind(lm.vocab),
+                      TreeOptions(max_new_tokens=6, fast_forward=FastForward()),
+                      tokenizer=Tokenizer.for_model(lm))
     q = QTable(tree)
-    expand(tree, tree.root)  # the test is the driver: it asks the model
+    expand(lm, tree, tree.root)  # the test is the driver: it asks the model
     q.open(tree.root)
     xyz = VOCAB.index(b"xyz")
     p_root = np.exp(lm.next_logprobs([()])[0])
@@ -136,7 +139,7 @@ def test_q_uses_the_forced_tokens_probabilities() -> None:
     head = tree.child(tree.root, xyz)
     assert head.in_chain and head.expansion is not None  # from the same call
     assert tree.lm_calls == 1 and tree.ff_sequences == 1
-    expand(tree, head)  # the test is the driver: it asks the model
+    expand(lm, tree, head)  # the test is the driver: it asks the model
     q.open(head)
     assert q.q(tree.root) == pytest.approx(p_root[xyz] * head.expansion.p.sum(), rel=1e-12)
 
@@ -146,10 +149,11 @@ def test_prefilled_chain_nodes_belong_to_the_canonical_tokens_only() -> None:
     expansions from the one call, and a walk that leaves the chain by another token starts
     afresh: its node is not in the chain and computes its own forced bytes."""
     lm = CountingLM()
-    tree = PrefixTree(lm, [], LONG.bind(lm.vocab), max_new_tokens=8,
-                      fast_forward=FastForward(force=False))
+    tree = PrefixTree([], LONG.bind(lm.vocab),
+                      TreeOptions(max_new_tokens=8, fast_forward=FastForward(force=False)),
+                      tokenizer=Tokenizer.for_model(lm))
     xyz, x = VOCAB.index(b"xyz"), VOCAB.index(b"x")
-    expand(tree, tree.root)
+    expand(lm, tree, tree.root)
     assert tree.root.pending == (xyz, xyz)
     assert set(tree.root.expansion.ids.tolist()) == {x, VOCAB.index(b"xy"), xyz}
     assert tree.lm_calls == 1 and tree.num_nodes == 3  # the root and the chain's two nodes
@@ -157,7 +161,7 @@ def test_prefilled_chain_nodes_belong_to_the_canonical_tokens_only() -> None:
     assert head.in_chain and head.pending == (xyz,) and head.expansion is not None
     other = tree.child(tree.root, x)
     assert not other.in_chain and other.pending is None and other.expansion is None
-    expand(tree, other)
+    expand(lm, tree, other)
     y, z = VOCAB.index(b"y"), VOCAB.index(b"z")
     assert other.pending == (y, z, xyz) and tree.lm_calls == 2  # "yzxyzw" less the held "w"
 

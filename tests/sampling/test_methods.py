@@ -13,6 +13,7 @@ from scipy.stats import chi2
 import adaptrack as at
 from adaptrack.sampling.engine import expand
 from adaptrack.sampling.tree import PrefixTree
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.testing import PROBLEMS, hashed_weights
 
 
@@ -44,10 +45,10 @@ def test_greedy_methods():
         if method == "exact":
             assert res.samples[0].tokens == best
         if method == "cd":  # argmax of the masked distribution at every step
-            tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
+            tree = PrefixTree([], constraint.bind(lm.vocab), TreeOptions(max_new_tokens=max_new))
             node = tree.root
             for tok in res.samples[0].tokens:
-                exp = expand(tree, node)
+                exp = expand(lm, tree, node)
                 assert tok == exp.ids[np.argmax(exp.p)]
                 node = tree.child(node, tok)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import adaptrack as at
-from adaptrack.sampling import Expansion, PrefixTree, QTable
+from adaptrack.sampling import Expansion, PrefixTree, QTable, TreeOptions
 from adaptrack.sampling.engine import expand
 
 # Tokens a, b, EOS at fixed odds 2 : 97 : 1: "a" * k then EOS has probability .02^k · .01.
@@ -88,9 +88,10 @@ def test_a_float32_model_stores_half_the_bytes_and_samples_its_stored_target() -
     lm32 = _Float32LM(vocab, lambda prefix: weights.get(tuple(prefix), [1, 1, 1]), eos=2)
     lm64 = at.TableLM(vocab, lambda prefix: weights.get(tuple(prefix), [1, 1, 1]), eos=2)
     c = at.constraints.choice(["a", "ab", "b", "ba"])
-    trees = [PrefixTree(lm, [], c.bind(lm.vocab), end="eos") for lm in (lm32, lm64)]
-    for tree in trees:
-        expand(tree, tree.root)  # the test is the driver: it asks the model
+    trees = [PrefixTree([], c.bind(lm.vocab), TreeOptions(end="eos"), dtype=lm.probs_dtype)
+             for lm in (lm32, lm64)]
+    for lm, tree in zip((lm32, lm64), trees, strict=True):
+        expand(lm, tree, tree.root)  # the test is the driver: it asks the model
         QTable(tree).open(tree.root)
     assert trees[0].root.expansion.p.dtype == np.float32
     assert trees[0].opened_bytes < trees[1].opened_bytes

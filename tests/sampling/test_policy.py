@@ -10,6 +10,7 @@ from adaptrack.sampling.engine import Engine
 from adaptrack.sampling.exact import Exact
 from adaptrack.sampling.policy import BudgetPolicy
 from adaptrack.sampling.tree import PrefixTree
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.testing import hashed_weights
 
 LETTERS = [chr(ord("a") + i).encode() for i in range(16)]
@@ -36,8 +37,8 @@ class Early(BudgetPolicy):
 
 def run(policy: BudgetPolicy | None):
     lm = letters()
-    tree = PrefixTree(lm, [], at.constraints.regex("[a-p]{2}[a-d]?").bind(lm.vocab),
-                      max_new_tokens=4, end="eos")
+    tree = PrefixTree([], at.constraints.regex("[a-p]{2}[a-d]?").bind(lm.vocab),
+                      TreeOptions(max_new_tokens=4, end="eos"))
     out: dict[int, tuple[int, ...]] = {}
     engine = Engine(lm)
     req = engine.submit(Exact(tree, greedy=False), 4, 0,

@@ -15,18 +15,19 @@ from adaptrack.sampling.draw import draw
 from adaptrack.sampling.engine import expand
 from adaptrack.sampling.qtable import QTable
 from adaptrack.sampling.tree import PrefixTree
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.testing import PROBLEMS, hashed_weights
 
 
 def test_q_table_satisfies_formula_2_after_random_openings():
     lm, constraint, max_new = PROBLEMS["api_names"]()
-    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
+    tree = PrefixTree([], constraint.bind(lm.vocab), TreeOptions(max_new_tokens=max_new))
     Q = QTable(tree)
     rng = random.Random(0)
     for _ in range(200):  # random root-to-leaf walks, opening as we go
         node = tree.root
         while not node.complete:
-            expand(tree, node)  # the test is the driver: it asks the model
+            expand(lm, tree, node)  # the test is the driver: it asks the model
             Q.open(node)
             if Q.q(node) == 0:
                 break
@@ -53,7 +54,7 @@ def test_q_table_satisfies_formula_2_after_random_openings():
 
 def test_fully_opened_q_root_is_the_total_valid_probability():
     lm, constraint, max_new = PROBLEMS["no_ab"]()
-    tree = PrefixTree(lm, [], constraint.bind(lm.vocab), max_new_tokens=max_new)
+    tree = PrefixTree([], constraint.bind(lm.vocab), TreeOptions(max_new_tokens=max_new))
     Q = QTable(tree)
     stack, total = [tree.root], 0.0
     while stack:
@@ -61,16 +62,20 @@ def test_fully_opened_q_root_is_the_total_valid_probability():
         if node.complete:
             total += np.exp(node.logprob)
             continue
-        expand(tree, node)  # the test is the driver: it asks the model
+        expand(lm, tree, node)  # the test is the driver: it asks the model
         Q.open(node)
         stack.extend(tree.child(node, int(t)) for t in node.expansion.ids)
     assert Q.q(tree.root) == pytest.approx(total, rel=1e-9)
 
 
+# Tokens a, b, EOS at odds 2 : 1 : 1.
+SMALL_LM = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
+
+
 def small() -> tuple[PrefixTree, QTable]:
-    """Tokens a, b, EOS at odds 2 : 1 : 1; the strings "a" and "b" end at EOS only."""
-    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
-    tree = PrefixTree(lm, [], at.constraints.choice(["a", "b"]).bind(lm.vocab), end="eos")
+    """The strings "a" and "b", ending at EOS only, under ``SMALL_LM``."""
+    c = at.constraints.choice(["a", "b"]).bind(SMALL_LM.vocab)
+    tree = PrefixTree([], c, TreeOptions(end="eos"))
     return tree, QTable(tree)
 
 
@@ -78,7 +83,7 @@ def test_a_new_prefix_has_q_one_and_opening_twice_changes_nothing() -> None:
     tree, Q = small()
     root = tree.root
     assert (Q.q(root), Q.log_q(root), Q.dead(root), Q.is_open(root)) == (1.0, 0.0, False, False)
-    expand(tree, root)  # the test is the driver: it asks the model
+    expand(SMALL_LM, tree, root)  # the test is the driver: it asks the model
     Q.open(root)
     assert Q.q(root) == pytest.approx(0.75) and root.opened  # opened prefixes are pinned
     Q.open(root)
@@ -87,10 +92,10 @@ def test_a_new_prefix_has_q_one_and_opening_twice_changes_nothing() -> None:
 
 def test_p_q_is_formula_3_and_sums_to_one_over_the_children() -> None:
     tree, Q = small()
-    expand(tree, tree.root)
+    expand(SMALL_LM, tree, tree.root)
     Q.open(tree.root)
     a, b = (tree.child(tree.root, t) for t in (0, 1))
-    expand(tree, a)
+    expand(SMALL_LM, tree, a)
     Q.open(a)  # Q[a] = P(EOS | a) = 1/4; b stays new (Q = 1)
     assert Q.q(tree.root) == pytest.approx(0.5 * 0.25 + 0.25)
     assert Q.prob(a) == pytest.approx(0.5 * 0.25 / 0.375)
@@ -104,12 +109,13 @@ def test_a_branch_with_no_valid_end_is_dead_and_its_mass_leaves_its_parent() -> 
     # After "a" the model never writes b, so "ab" cannot be written: the branch is empty.
     lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 0, 1] if prefix else [2, 1, 1],
                     eos=2)
-    tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab), end="eos")
+    tree = PrefixTree([], at.constraints.choice(["ab", "b"]).bind(lm.vocab),
+                      TreeOptions(end="eos"))
     Q = QTable(tree)
-    expand(tree, tree.root)
+    expand(lm, tree, tree.root)
     Q.open(tree.root)
     a = tree.child(tree.root, 0)
-    expand(tree, a)
+    expand(lm, tree, a)
     Q.open(a)
     assert Q.dead(a) and Q.q(a) == 0.0 and Q.prob(a) == 0.0
     assert Q.q(tree.root) == pytest.approx(0.25) and not Q.dead(tree.root)  # "b" alone
@@ -117,11 +123,11 @@ def test_a_branch_with_no_valid_end_is_dead_and_its_mass_leaves_its_parent() -> 
 
 def test_q_stays_finite_in_log_space_and_exact_at_single_child_nodes() -> None:
     lm, k = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 97, 1], eos=2), 500
-    tree = PrefixTree(lm, [], at.constraints.choice(["a" * k]).bind(lm.vocab),
-                      max_new_tokens=k + 1, end="eos")
+    tree = PrefixTree([], at.constraints.choice(["a" * k]).bind(lm.vocab),
+                      TreeOptions(max_new_tokens=k + 1, end="eos"))
     Q, node = QTable(tree), tree.root
     while not node.complete:
-        expand(tree, node)  # the test is the driver: it asks the model
+        expand(lm, tree, node)  # the test is the driver: it asks the model
         Q.open(node)
         node = tree.child(node, int(node.expansion.ids[0]))
     expected = k * math.log(0.02) + math.log(0.01)
@@ -144,8 +150,8 @@ def test_an_update_lists_the_links_it_moved_and_kept_draw_sums_are_bit_for_bit()
     # end within 5 tokens: a walk there opens children that die at once, one by one.
     words = [p + c + "kk" for p in ("abc", "def", "ghi") for c in "abcdefghijkl"]
     words += ["ab", "jkl", "abcd", "defg", "ghij"]
-    tree = PrefixTree(lm, [], at.constraints.choice(words).bind(lm.vocab), max_new_tokens=5,
-                      end="eos")
+    tree = PrefixTree([], at.constraints.choice(words).bind(lm.vocab),
+                      TreeOptions(max_new_tokens=5, end="eos"))
     Q, fresh, rng = QTable(tree, moves=True), QTable(tree), np.random.default_rng(0)
     path, moved_links, partial_sums = [tree.root], 0, 0
     for _ in range(300):
@@ -154,7 +160,7 @@ def test_an_update_lists_the_links_it_moved_and_kept_draw_sums_are_bit_for_bit()
             path = [tree.root]
             continue
         before = [Q.prob(n) for n in path[1:]]
-        expand(tree, s)
+        expand(lm, tree, s)
         Q.open(s)
         fresh.open(s)
         links = {id(n): (p, lr) for n, p, lr in Q.moved}

@@ -18,6 +18,8 @@ from adaptrack.sampling.expansion import Expansion
 from adaptrack.sampling.fastforward import FastForward
 from adaptrack.sampling.nodes import Node, NodeStore
 from adaptrack.sampling.tree import PrefixTree
+from adaptrack.sampling.treeoptions import TreeOptions
+from adaptrack.tokenization.tokenizer import Tokenizer
 
 A, B, C, EOS = 0, 1, 2, 3
 VOCAB = [b"a", b"b", b"c", b"<eos>"]
@@ -25,6 +27,11 @@ VOCAB = [b"a", b"b", b"c", b"<eos>"]
 
 def table_lm() -> at.TableLM:
     return at.TableLM(VOCAB, lambda prefix: [4, 2, 1, 1], eos=EOS)
+
+
+def chains_of(lm: at.TableLM, m: at.constraints.Matcher, ff: FastForward | None,
+              max_new_tokens: int) -> Chains:
+    return Chains((), m, ff, max_new_tokens=max_new_tokens, tokenizer=Tokenizer.for_model(lm))
 
 
 def root_of(matcher: at.constraints.Matcher) -> Node:
@@ -71,16 +78,16 @@ def test_the_call_budget_stops_before_the_call_past_it():
 
 
 def test_the_trees_budget_names_set_its_budgets():
-    tree = PrefixTree(table_lm(), [], at.constraints.choice(["ab"]).bind(table_lm().vocab),
-                      max_nodes=10)
+    lm = table_lm()
+    tree = PrefixTree([], at.constraints.choice(["ab"]).bind(lm.vocab), TreeOptions(max_nodes=10))
     tree.max_nodes, tree.max_opened_bytes, tree.max_seconds = 1, 7, 3.0
     tree.started = 12.5
     b = tree.budgets
     assert (b.max_nodes, b.max_opened_bytes, b.max_seconds, b.started) == (1, 7, 3.0, 12.5)
     with pytest.raises(SearchTimeoutError):  # 3 s from a long-gone start
-        expand(tree, tree.root)
+        expand(lm, tree, tree.root)
     tree.max_seconds = None
-    expand(tree, tree.root)
+    expand(lm, tree, tree.root)
     with pytest.raises(TreeLimitError, match="max_nodes=1"):
         tree.child(tree.root, A)
 
@@ -119,13 +126,13 @@ def test_the_validity_rule_at_the_last_two_positions():
     # One token before the last: only tokens after which one can finish ("b", not "a"),
     # as ``closing`` says (choice's own lists every allowed token: a superset is allowed).
     m.closing = lambda state: np.array([B])
-    two = Expander(m, max_new_tokens=2)
+    two = Expander(m, TreeOptions(max_new_tokens=2))
     assert m.allowed(root.state).tolist() == [A, B] and two.valid(root).tolist() == [B]
     assert two.dead(a) and not two.dead(root)  # "a" cannot finish at the last position
-    three = Expander(m, max_new_tokens=3)
+    three = Expander(m, TreeOptions(max_new_tokens=3))
     assert m.allowed(ab.state).tolist() == [C, EOS] and three.valid(ab).tolist() == [EOS]
     assert two.valid(ab).tolist() == [] and two.dead(ab)  # at the length limit
-    loose = Expander(m, max_new_tokens=2, restrict_length=False)
+    loose = Expander(m, TreeOptions(max_new_tokens=2, restrict_length=False))
     assert loose.valid(root).tolist() == [A, B] and not loose.dead(a)
 
 
@@ -134,16 +141,19 @@ def test_an_expansion_from_a_row():
     m = at.constraints.choice(["a", "b"]).bind(lm.vocab)
     root = root_of(m)
     row = np.log(np.array([0.4, 0.2, 0.2, 0.2]))
-    e = Expander(m, leave=False).expansion(root, row)
+    def expansion(force: bool = False, **options) -> Expansion:
+        return Expander(m, TreeOptions(end="eos", **options), force=force).expansion(root, row)
+
+    e = expansion()
     assert e.ids.tolist() == [A, B] and np.allclose(e.p, [0.4, 0.2])
-    hot = Expander(m, temperature=0.5, leave=False).expansion(root, row)  # p ∝ p^2
+    hot = expansion(temperature=0.5)  # p ∝ p^2
     assert np.allclose(hot.p, np.array([0.16, 0.04]) / 0.28)
-    cold = Expander(m, temperature=0.0, leave=False).expansion(root, row)  # T = 1 kept
+    cold = expansion(temperature=0.0)  # T = 1 kept
     assert np.allclose(cold.p, e.p)
-    top = Expander(m, top_p=0.3, leave=False).expansion(root, row)  # .4 / (.4 + .6 unchecked)
+    top = expansion(top_p=0.3)  # .4 / (.4 + .6 unchecked)
     assert top.ids.tolist() == [A]
     root.pending = (B,)
-    forced = Expander(m, force=True, leave=False).expansion(root, row)
+    forced = expansion(force=True)
     assert forced.ids.tolist() == [B] and np.allclose(forced.p, [0.2])
 
 
@@ -152,9 +162,9 @@ def test_leave_moves_the_mass_of_leaving_tokens_onto_eos():
     m = at.constraints.choice(["a", "ab"]).bind(lm.vocab)
     a = step(m, root_of(m), A)  # accepted; "b" continues, "a" and "c" leave
     row = np.log(np.array([0.1, 0.3, 0.2, 0.4]))
-    left = Expander(m, leave=True).expansion(a, row)
+    left = Expander(m).expansion(a, row)
     assert left.ids.tolist() == [B, EOS] and np.allclose(left.p, [0.3, 0.7])
-    stay = Expander(m, leave=False).expansion(a, row)
+    stay = Expander(m, TreeOptions(end="eos")).expansion(a, row)
     assert stay.ids.tolist() == [B, EOS] and np.allclose(stay.p, [0.3, 0.4])
 
 
@@ -164,18 +174,23 @@ def test_pending_tokens_are_computed_once_and_fit_the_length_limit():
     lm = table_lm()
     m = at.constraints.choice(["abc"]).bind(lm.vocab)
     root = root_of(m)
-    assert Chains(lm, (), m, FastForward(), max_new_tokens=2).pending(root) == (A, B)
+    assert chains_of(lm, m, FastForward(), 2).pending(root) == (A, B)
     assert root.pending == (A, B)
-    assert Chains(lm, (), m, FastForward(), max_new_tokens=8).pending(root) == (A, B)  # kept
-    assert Chains(lm, (), m, None, max_new_tokens=8).pending(root_of(m)) == ()
-    prefill = Chains(lm, (), m, FastForward(force=False), max_new_tokens=8)
-    assert not prefill.force and Chains(lm, (), m, FastForward(), max_new_tokens=8).force
+    assert chains_of(lm, m, FastForward(), 8).pending(root) == (A, B)  # kept
+    assert chains_of(lm, m, None, 8).pending(root_of(m)) == ()
+    prefill = chains_of(lm, m, FastForward(force=False), 8)
+    assert not prefill.force and chains_of(lm, m, FastForward(), 8).force
+    with pytest.raises(ValueError, match="fast-forward needs the model's tokenizer"):
+        Chains((), m, FastForward(), max_new_tokens=8)  # a tree holds no model to ask
+    mine = Chains((), m, FastForward(tokenizer=Tokenizer.longest_match(lm.vocab)),
+                  max_new_tokens=8)
+    assert mine.pending(root_of(m)) == (A, B, C)  # FastForward's own tokenizer is enough
 
 
 def test_split_feeds_a_lazy_chain_only_from_inside_it():
     lm = table_lm()
     m = at.constraints.choice(["abc", "b"]).bind(lm.vocab)
-    chains = Chains(lm, (), m, FastForward(), max_new_tokens=8)
+    chains = chains_of(lm, m, FastForward(), 8)
     root = root_of(m)
     assert chains.split([root]) == ([root], [])  # nothing forced at the root
     a = step(m, root, A)
@@ -188,7 +203,8 @@ def test_split_feeds_a_lazy_chain_only_from_inside_it():
 def test_a_fed_chain_expands_every_prefix_along_it():
     lm = table_lm()
     m = at.constraints.choice(["abc"]).bind(lm.vocab)
-    tree = PrefixTree(lm, [], m, fast_forward=FastForward(), max_new_tokens=8, end="eos")
+    tree = PrefixTree([], m, TreeOptions(fast_forward=FastForward(), max_new_tokens=8, end="eos"),
+                      tokenizer=Tokenizer.for_model(lm))
     plain, heads = tree.plan([tree.root])
     assert (plain, heads) == ([], [tree.root]) and tree.root.pending == (A, B, C)
     rows = [np.tile(flat(), (4, 1))]

@@ -383,23 +383,25 @@ def test_streamed_top_logprobs_come_with_each_piece(toy):
 
 def test_top_alternatives_remake_an_expansion_the_cache_dropped():
     from adaptrack.sampling.tree import PrefixTree
+    from adaptrack.sampling.treeoptions import TreeOptions
     from adaptrack.serve.prefixes import top_alternatives
 
     lm = at.TableLM(SMALL, small_weights, eos=len(SMALL) - 1)
-    kept = PrefixTree(lm, [8], at.constraints.anything().bind(lm.vocab))
-    dropped = PrefixTree(lm, [8], at.constraints.anything().bind(lm.vocab), max_cache_bytes=0)
+    kept = PrefixTree([8], at.constraints.anything().bind(lm.vocab))
+    dropped = PrefixTree([8], at.constraints.anything().bind(lm.vocab),
+                         TreeOptions(max_cache_bytes=0))
     nodes = []
     for tree in (kept, dropped):
         node = tree.root
         for token in (0, 1, 2):  # <tool_call> \n {"name": ...
-            node = tree.child(node, token, expand(tree, node))
+            node = tree.child(node, token, expand(lm, tree, node))
             tree.finish([])  # the cache back within its bound: nothing kept when 0 bytes
         nodes.append(node)
     assert dropped.root.expansion is None and kept.root.expansion is not None
     calls = lm.calls
-    again = top_alternatives(dropped, nodes[1], 2)
+    again = top_alternatives(lm, dropped, nodes[1], 2)
     assert lm.calls == calls + 3  # the three positions, in one batched call
-    assert again == top_alternatives(kept, nodes[0], 2)
+    assert again == top_alternatives(lm, kept, nodes[0], 2)
     assert [t for t, _ in again[2]] == [2, 8]  # after a newline: the call, then "hi"
 
 

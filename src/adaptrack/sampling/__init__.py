@@ -6,6 +6,7 @@ from .expansion import Expansion
 from .fastforward import FastForward, forced_tokens
 from .qtable import QTable
 from .tree import Node, PrefixTree
+from .treeoptions import TreeOptions
 
 __all__ = ["Engine", "Expansion", "FastForward", "Node", "PrefixTree", "QTable", "Request",
-           "forced_tokens"]
+           "TreeOptions", "forced_tokens"]

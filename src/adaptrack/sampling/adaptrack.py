@@ -63,7 +63,7 @@ class AdapTrack(Method):
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     >>> AdapTrack(tree, greedy=False, share_q=True).independent  # shared Q: not lockstep
     False
     """

@@ -23,7 +23,7 @@ class ASAp(Method):
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     >>> ASAp(tree, greedy=True).Q.q(tree.root)    # nothing opened yet: Q = 1
     1.0
     """

@@ -21,13 +21,13 @@ class BestFirst:
     >>> from adaptrack.sampling.exact import Exact
     >>> from adaptrack.sampling.engine import expand_many
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     >>> search = BestFirst(Exact(tree, greedy=True))
     >>> walk = search.walk(set())
     >>> try:
     ...     while True:
     ...         asked = next(walk)
-    ...         expand_many(tree, list(asked) if isinstance(asked, tuple) else [asked])
+    ...         expand_many(lm, tree, list(asked) if isinstance(asked, tuple) else [asked])
     ... except StopIteration as done:
     ...     print(done.value.tokens, search.best is done.value)
     (1, 2) True

@@ -36,7 +36,7 @@ class ConstrainedDecoding(Method):
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     >>> ConstrainedDecoding(tree, greedy=True).independent   # samples share only the tree
     True
     """

@@ -11,7 +11,6 @@ import numpy as np
 
 from ..constraints.base import Matcher
 from ..errors import TokenizerError
-from ..lm.base import LanguageModel
 from ..tokenization.tokenizer import Tokenizer
 from .expansion import Expansion
 from .fastforward import FastForward, forced_tokens
@@ -23,25 +22,33 @@ class Chains:
     ``max_new_tokens``, as ``fast_forward`` says (None: no chains). ``force``: a forced
     token is the only valid one at its position (the target conditioned on canonical
     tokenization), else chains are only prefilled (the target unchanged; docs/design.md §2).
-    Counts ``sequences`` fed, the ``tokens`` in them and the prefixes whose forced bytes the
-    tokenizer cannot encode (``unencodable``).
+    Forced bytes become the canonical tokens of ``fast_forward.tokenizer``, else of
+    ``tokenizer``, the model's (:meth:`Tokenizer.for_model`). Counts ``sequences`` fed, the
+    ``tokens`` in them and the prefixes whose forced bytes the tokenizer cannot encode
+    (``unencodable``).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
     >>> m = at.constraints.choice(["ab"]).bind(lm.vocab)
-    >>> chains = Chains(lm, (), m, FastForward(), max_new_tokens=4)
+    >>> chains = Chains((), m, FastForward(), max_new_tokens=4,
+    ...                 tokenizer=Tokenizer.for_model(lm))
     >>> root = Node(None, None, m.start(), False, 0.0)
     >>> chains.pending(root), chains.force
     ((0, 1), True)
     """
 
-    def __init__(self, lm: LanguageModel, prompt: tuple[int, ...], matcher: Matcher,
-                 fast_forward: FastForward | None, *, max_new_tokens: int) -> None:
+    def __init__(self, prompt: tuple[int, ...], matcher: Matcher,
+                 fast_forward: FastForward | None, *, max_new_tokens: int,
+                 tokenizer: Tokenizer | None = None) -> None:
         self.prompt, self.matcher, self.max_new_tokens = prompt, matcher, max_new_tokens
         self.fast_forward = fast_forward
         self.force = fast_forward is not None and fast_forward.force is not False
         if fast_forward is not None:
-            self._tokenizer = fast_forward.tokenizer or Tokenizer.for_model(lm)
+            found = fast_forward.tokenizer or tokenizer
+            if found is None:
+                raise ValueError("fast-forward needs the model's tokenizer: pass "
+                                 "tokenizer=Tokenizer.for_model(lm), or give FastForward one")
+            self._tokenizer = found
         self.sequences = 0  # forced chains fed (one model call each)
         self.tokens = 0  # tokens in them
         self.unencodable = 0  # prefixes whose forced bytes the tokenizer cannot encode

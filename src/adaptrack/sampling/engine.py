@@ -124,7 +124,7 @@ class Engine:
     >>> for prompt in ([], [0]):
     ...     def done(i, node, requests, p=tuple(prompt)):
     ...         out[p, i] = node.tokens
-    ...     tree = PrefixTree(lm, prompt, c)
+    ...     tree = PrefixTree(prompt, c)
     ...     _ = engine.submit(ConstrainedDecoding(tree, greedy=True), 2, 0, done, width=2)
     >>> engine.run(); out
     {((), 0): (0, 1, 2), ((), 1): (0, 1, 2), ((0,), 0): (0, 1, 2), ((0,), 1): (0, 1, 2)}
@@ -369,7 +369,7 @@ class Engine:
         >>> import adaptrack as at
         >>> from adaptrack.sampling.cd import ConstrainedDecoding
         >>> lm = at.TableLM([b"a", b"<eos>"], lambda prefix: [3, 1], eos=1)
-        >>> tree = PrefixTree(lm, [], at.constraints.choice(["aa"]).bind(lm.vocab))
+        >>> tree = PrefixTree([], at.constraints.choice(["aa"]).bind(lm.vocab))
         >>> engine = Engine(lm)
         >>> req = engine.submit(ConstrainedDecoding(tree, greedy=True), 1, 0, print)
         >>> _ = engine.step(); _ = engine.step(); engine.prefixes(req)[0].tokens
@@ -378,49 +378,49 @@ class Engine:
         return {i: s.waits for i, s in req._slots.items() if isinstance(s.waits, Node)}
 
 
-# A driver outside any request (the enumeration, a server reading alternatives, a test) asks
-# the model through these, so that this module stays the one caller of the model.
+# A driver outside any request (the enumeration, a server reading alternatives, a test) holds
+# the model and asks it through these, so that this module stays the one caller of the model.
 
 
-def expand_many(tree: PrefixTree, nodes: list[Node]) -> None:
-    """Expand the prefixes ``nodes`` of ``tree`` at once (forced chains fed by one more
-    call), for a driver outside any request: the enumeration, a test. Raises the tree's
-    budget errors before the call."""
+def expand_many(lm: LanguageModel, tree: PrefixTree, nodes: list[Node]) -> None:
+    """Expand the prefixes ``nodes`` of ``tree`` at once by ``lm`` (forced chains fed by
+    one more call), for a driver outside any request: the enumeration, a test. Raises the
+    tree's budget errors before the call."""
     if all(n.expansion is not None for n in nodes):
         return
     tree.check_spent()
     plain, heads = tree.plan(nodes)
     if plain:
-        tree.store(plain, tree.lm.next_logprobs([tree.prompt + n.tokens for n in plain]))
+        tree.store(plain, lm.next_logprobs([tree.prompt + n.tokens for n in plain]))
     if heads:
-        tree.store_chains(heads, tree.lm.logprobs_along_many(
+        tree.store_chains(heads, lm.logprobs_along_many(
             [(tree.prompt + h.tokens, h.pending or ()) for h in heads]))
     tree.finish(nodes)
 
 
-def expand(tree: PrefixTree, node: Node) -> Expansion:
-    """The expansion of ``tree``'s prefix ``node``, asking the model if it is new
+def expand(lm: LanguageModel, tree: PrefixTree, node: Node) -> Expansion:
+    """The expansion of ``tree``'s prefix ``node``, asking ``lm`` if it is new
     (:func:`expand_many`); never for a walk, which waits (``Method.expand``).
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
-    >>> expand(tree, tree.root).ids.tolist(), expand(tree, tree.root).p.round(2).tolist()
+    >>> tree = PrefixTree([], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
+    >>> e = expand(lm, tree, tree.root); e.ids.tolist(), e.p.round(2).tolist()
     ([0, 1], [0.5, 0.25])
     """
     if node.expansion is None:
-        expand_many(tree, [node])
+        expand_many(lm, tree, [node])
     assert node.expansion is not None
     return node.expansion
 
 
-def peek(tree: PrefixTree, nodes: list[Node]) -> list[Expansion]:
-    """The expansions of ``nodes``, those not in the tree made from one model call and not
-    kept (a server reading a sample's alternatives after its walk)."""
+def peek(lm: LanguageModel, tree: PrefixTree, nodes: list[Node]) -> list[Expansion]:
+    """The expansions of ``nodes``, those not in the tree made from one call of ``lm`` and
+    not kept (a server reading a sample's alternatives after its walk)."""
     missing = [n for n in nodes if n.expansion is None]
     made: dict[int, Expansion] = {}
     if missing:
-        rows = tree.lm.next_logprobs([tree.prompt + n.tokens for n in missing])
+        rows = lm.next_logprobs([tree.prompt + n.tokens for n in missing])
         made = {id(n): tree.expander.expansion(n, row)
                 for n, row in zip(missing, rows, strict=True)}
     return [n.expansion if n.expansion is not None else made[id(n)] for n in nodes]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+from ..lm.base import LanguageModel
 from .engine import expand
 from .tree import Node, PrefixTree
 
 
-def enumerate_tree(tree: PrefixTree) -> dict[tuple[int, ...], float]:
-    """Every valid complete sequence below the root with its normalized probability.
+def enumerate_tree(lm: LanguageModel, tree: PrefixTree) -> dict[tuple[int, ...], float]:
+    """Every valid complete sequence below the root with its normalized probability under
+    ``lm``.
 
     Expands each valid prefix once (depth-first); raises the tree's budget errors
     (``TreeLimitError`` past ``max_nodes``, ``SearchTimeoutError`` past ``max_seconds``) and
@@ -18,8 +20,8 @@ def enumerate_tree(tree: PrefixTree) -> dict[tuple[int, ...], float]:
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["a", "b"]).bind(lm.vocab))
-    >>> {s: round(p, 3) for s, p in enumerate_tree(tree).items()}
+    >>> tree = PrefixTree([], at.constraints.choice(["a", "b"]).bind(lm.vocab))
+    >>> {s: round(p, 3) for s, p in enumerate_tree(lm, tree).items()}
     {(1, 2): 0.333, (0, 2): 0.667}
     """
     found: dict[tuple[int, ...], float] = {}
@@ -29,7 +31,7 @@ def enumerate_tree(tree: PrefixTree) -> dict[tuple[int, ...], float]:
         if node.complete:
             found[node.tokens] = node.logprob
             continue
-        exp = expand(tree, node)
+        exp = expand(lm, tree, node)
         stack.extend(tree.child(node, int(t)) for t in exp.ids)
     if not found:
         return {}

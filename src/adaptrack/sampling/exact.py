@@ -99,13 +99,13 @@ class Exact(Method):
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["b", "ab"]).bind(lm.vocab))
     >>> from adaptrack.sampling.engine import expand_many
     >>> walk = Exact(tree, greedy=True).walk(set(), np.random.default_rng(0))
     >>> try:
     ...     while True:                # the driver's part: the model calls it waits for
     ...         asked = next(walk)     # a prefix or a tuple of them (never BARRIER here)
-    ...         expand_many(tree, list(asked) if isinstance(asked, tuple) else [asked])
+    ...         expand_many(lm, tree, list(asked) if isinstance(asked, tuple) else [asked])
     ... except StopIteration as done:
     ...     print(done.value.tokens)          # "b" then EOS: .2 · .2 > P(ab EOS) = .6 · .2 · .2
     (1, 2)

@@ -11,20 +11,23 @@ from ..constraints.base import Matcher, State
 from .expansion import Expansion
 from .nodes import Node
 from .topp import checked_nucleus, nucleus
+from .treeoptions import TreeOptions
 
 
 class Expander:
     """The expansions of one tree's prefixes: which tokens the constraint lets follow a
     prefix within ``max_new_tokens`` (:meth:`valid`, :meth:`dead`) and their probabilities
-    under the model's row (:meth:`expansion`). ``temperature`` 0 keeps the model's own
-    distribution (T = 1). ``restrict_length``: at the last position only finishing tokens
-    are valid, at the one before only closing ones. ``leave``: the end policy of that name
-    (docs/design.md §2). ``force``: a node's pending forced token is its only valid one.
+    under the model's row (:meth:`expansion`), as the tree's ``options`` say
+    (:class:`~adaptrack.sampling.treeoptions.TreeOptions`: ``temperature`` 0 keeps the
+    model's own distribution, T = 1; where the length is restricted, at the last position
+    only finishing tokens are valid, at the one before only closing ones; ``end``, the end
+    policy, docs/design.md §2). ``force``: a node's pending forced token is its only valid
+    one. ``dtype``: the model's ``probs_dtype``.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
     >>> m = at.constraints.choice(["ab", "b"]).bind(lm.vocab)
-    >>> ex = Expander(m, max_new_tokens=2)
+    >>> ex = Expander(m, TreeOptions(max_new_tokens=2))
     >>> root = Node(None, None, m.start(), False, 0.0)
     >>> ex.valid(root).tolist(), ex.dead(root)
     ([0, 1], False)
@@ -33,12 +36,12 @@ class Expander:
     ([0, 1], [0.5, 0.25])
     """
 
-    def __init__(self, matcher: Matcher, *, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 64, restrict_length: bool = True, leave: bool = True,
+    def __init__(self, matcher: Matcher, options: TreeOptions | None = None, *,
                  force: bool = False, dtype: type = np.float64) -> None:
-        self.matcher, self.temperature, self.top_p = matcher, temperature, top_p
-        self.max_new_tokens, self.restrict_length = max_new_tokens, restrict_length
-        self.leave, self.force, self.dtype = leave, force, dtype
+        o = TreeOptions() if options is None else options
+        self.matcher, self.temperature, self.top_p = matcher, o.temperature, o.top_p
+        self.max_new_tokens, self.restrict_length = o.max_new_tokens, o.restricted
+        self.leave, self.force, self.dtype = o.leave, force, dtype
         # Masks the matcher returned lately: one seen again is shared by several prefixes.
         self._recent_masks: LRU[int, np.ndarray] = LRU(8)
 

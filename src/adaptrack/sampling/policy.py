@@ -147,7 +147,7 @@ class BudgetPolicy:
 
         >>> import adaptrack as at
         >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
-        >>> tree = PrefixTree(lm, [], at.constraints.choice(["aaaa"]).bind(lm.vocab))
+        >>> tree = PrefixTree([], at.constraints.choice(["aaaa"]).bind(lm.vocab))
         >>> policy = BudgetPolicy(fallback_tries=4, early=2.0); policy.bind(tree)
         >>> policy.cd_calls(tree)    # a a a a <eos>
         5.0

@@ -44,13 +44,14 @@ class QTable:
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
     >>> c = at.constraints.choice(["a", "b"]).bind(lm.vocab)
-    >>> tree = PrefixTree(lm, [], c, end="eos")  # "leave" would end "a" with probability 1
+    >>> from adaptrack.sampling import TreeOptions
+    >>> tree = PrefixTree([], c, TreeOptions(end="eos"))  # "leave": "a" ends with p = 1
     >>> Q = QTable(tree)
     >>> from adaptrack.sampling.engine import expand
-    >>> _ = expand(tree, tree.root)             # the driver's model call (the engine's)
+    >>> _ = expand(lm, tree, tree.root)         # the driver's model call (the engine's)
     >>> Q.open(tree.root); Q.q(tree.root)       # a and b are valid first tokens
     0.75
-    >>> a = tree.child(tree.root, 0); _ = expand(tree, a)
+    >>> a = tree.child(tree.root, 0); _ = expand(lm, tree, a)
     >>> Q.open(a)                          # after a only EOS: .5·.25 + .25
     >>> round(Q.q(tree.root), 12)
     0.375

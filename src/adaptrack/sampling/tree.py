@@ -13,29 +13,30 @@ recompute, ``max_opened_bytes`` for those the algorithms hold) and time (``max_s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..constraints.base import Matcher
 from ..errors import InternalError
-from ..lm.base import LanguageModel
+from ..tokenization.tokenizer import Tokenizer
 from .budgets import Budgets
 from .chains import Chains
 from .expander import Expander
 from .expansion import Expansion
-from .fastforward import FastForward
 from .nodes import Node, NodeStore
+from .treeoptions import TreeOptions
 
-__all__ = ["END_POLICIES", "Node", "PrefixTree"]
-
-#: Where a text the constraint accepts ends (docs/design.md §2): ``leave``, where the model's
-#: next token cannot continue it (EOS or any token the constraint rejects there); ``eos``,
-#: only where the model emits EOS (the AdapTrack paper's target).
-END_POLICIES = ("leave", "eos")
+__all__ = ["Node", "PrefixTree"]
 
 
 class PrefixTree:
-    """Prefixes of one prompt under one constraint, with the model's outputs cached.
+    """Prefixes of one prompt under one constraint, with the model's outputs cached, as
+    ``options`` say (:class:`~adaptrack.sampling.treeoptions.TreeOptions`; default: its
+    defaults). The tree holds no model: the engine asks the model and stores its rows here
+    (docs/design.md §4). What the tree needs of the model is passed as data: ``dtype``, the
+    model's ``probs_dtype``, and ``tokenizer``, its tokenizer (:meth:`Tokenizer.for_model`)
+    for the forced chains of ``options.fast_forward`` when that names none.
 
     The cache of expansions is bounded by ``max_cache_bytes``: past it, the least recently
     expanded prefixes that no Q table has opened lose their expansion, and a later visit
@@ -46,72 +47,37 @@ class PrefixTree:
     ``max_seconds`` (None: no limit) bounds the time from the tree's creation, checked
     before every model call and every new prefix (``SearchTimeoutError``).
 
-    ``temperature`` 0 keeps the model's own distribution (T = 1) in the tree: greedy
-    methods take argmaxes of it. ``restrict_length`` makes ``max_new_tokens`` part of the
-    constraint (at the last position only finishing tokens are valid); unconstrained
-    decoding turns it off and simply stops there. ``allow_truncated`` makes a valid prefix
-    of ``max_new_tokens`` tokens an end (``complete`` and ``truncated``): the target becomes
-    the model's text cut at the limit, conditioned on every prefix being valid
-    (docs/design.md §2). ``end`` is where an accepted text ends (:data:`END_POLICIES`):
-    with ``leave`` the expansion of an accepted prefix gives EOS the mass of every token
-    that cannot continue the text, so the target is P(s) · P(leave | s).
-
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [2, 1, 1], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
     >>> from adaptrack.sampling.engine import expand   # the engine calls the model
-    >>> expand(tree, tree.root).ids.tolist(), tree.lm_calls
+    >>> expand(lm, tree, tree.root).ids.tolist(), tree.lm_calls
     ([0, 1], 1)
     >>> tree.child(tree.root, 0).tokens
     (0,)
     """
 
-    def __init__(
-        self,
-        lm: LanguageModel,
-        prompt: list[int],
-        matcher: Matcher,
-        *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 64,
-        max_nodes: int = 100_000,
-        max_cache_bytes: int = 1 << 30,
-        max_opened_bytes: int = 1 << 30,
-        max_seconds: float | None = None,
-        max_calls: int | None = None,
-        restrict_length: bool = True,
-        allow_truncated: bool = False,
-        fast_forward: FastForward | None = None,
-        end: str = "leave",
-    ) -> None:
-        if end not in END_POLICIES:
-            raise ValueError(f"end must be one of {', '.join(map(repr, END_POLICIES))}, "
-                             f"got {end!r}")
-        self.lm, self.prompt, self.matcher = lm, tuple(prompt), matcher
-        self.leave = end == "leave"
-        self.temperature, self.top_p = temperature, top_p
-        self.max_new_tokens, self.max_cache_bytes = max_new_tokens, max_cache_bytes
-        self.allow_truncated = allow_truncated
-        self.restrict_length = restrict_length and not allow_truncated
+    def __init__(self, prompt: Sequence[int], matcher: Matcher,
+                 options: TreeOptions | None = None, *, dtype: type = np.float64,
+                 tokenizer: Tokenizer | None = None) -> None:
+        self.options = o = TreeOptions() if options is None else options
+        self.prompt, self.matcher = tuple(prompt), matcher
+        # What the methods, a reused tree's call and the server read of the options.
+        self.max_new_tokens, self.top_p, self.leave = o.max_new_tokens, o.top_p, o.leave
+        self.allow_truncated, self.restrict_length = o.allow_truncated, o.restricted
         self.lm_calls = 0
         #: The most tokens of a prefix the model has evaluated: how far the walks reached.
         self.deepest = 0
-        self.budgets = Budgets(max_nodes=max_nodes, max_opened_bytes=max_opened_bytes,
-                               max_seconds=max_seconds, max_calls=max_calls)
+        self.budgets = Budgets(max_nodes=o.max_nodes, max_opened_bytes=o.max_opened_bytes,
+                               max_seconds=o.max_seconds, max_calls=o.max_calls)
         start = matcher.start()
         self.root = Node(None, None, start, matcher.is_complete(start), 0.0)
-        self.nodes = NodeStore(self.root, max_cache_bytes)
-        self.fast_forward = fast_forward
+        self.nodes = NodeStore(self.root, o.max_cache_bytes)
         # Forced tokens are the only valid ones (target conditioned on canonical
         # tokenization), or chains are only prefilled (target unchanged); docs/design.md §2.
-        self.chains = Chains(lm, self.prompt, matcher, fast_forward,
-                             max_new_tokens=max_new_tokens)
-        self.force_chains = self.chains.force
-        self.expander = Expander(matcher, temperature=temperature, top_p=top_p,
-                                 max_new_tokens=max_new_tokens,
-                                 restrict_length=self.restrict_length, leave=self.leave,
-                                 force=self.force_chains, dtype=lm.probs_dtype)
+        self.chains = Chains(self.prompt, matcher, o.fast_forward,
+                             max_new_tokens=o.max_new_tokens, tokenizer=tokenizer)
+        self.expander = Expander(matcher, o, force=self.chains.force, dtype=dtype)
 
     # The counts and limits of the parts, under the tree's names (the engine, a reused
     # tree's call and the statistics read them; the budgets are also set).

@@ -16,8 +16,8 @@ class Unconstrained(ConstrainedDecoding):
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"<eos>"], lambda prefix: [1, 1], eos=1)
-    >>> tree = PrefixTree(lm, [], at.constraints.Anything().bind(lm.vocab),
-    ...                   restrict_length=False)
+    >>> opts = at.sampling.TreeOptions(restrict_length=False)
+    >>> tree = PrefixTree([], at.constraints.Anything().bind(lm.vocab), opts)
     >>> Unconstrained(tree, greedy=False).greedy
     False
     """

@@ -309,7 +309,7 @@ class EngineLoop:
             node = node_at(call.tree, sample.tokens)
             logprobs = logprobs_to(node)
             k = job.opts.top_logprobs
-            top = top_alternatives(call.tree, node, k) if k else None
+            top = top_alternatives(self.lm, call.tree, node, k) if k else None
         self._final(job, Choice(index, text, reason, sample.tokens, logprobs, top))
 
     def _final(self, job: Job, choice: Choice) -> None:
@@ -347,7 +347,7 @@ class EngineLoop:
                 if len(shown) > len(sent) and shown.startswith(sent):
                     lps = logprobs_to(node)[ntok:upto] if job.opts.logprobs else None
                     k = job.opts.top_logprobs if job.opts.logprobs else 0
-                    top = top_alternatives(req.tree, node, k, upto, ntok) if k else None
+                    top = top_alternatives(self.lm, req.tree, node, k, upto, ntok) if k else None
                     self._emit(job, Delta(index, shown[len(sent):], node.tokens[ntok:upto],
                                           lps, top))
                     job._sent[index] = (shown, upto)

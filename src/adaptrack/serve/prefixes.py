@@ -13,6 +13,7 @@ import codecs
 
 import numpy as np
 
+from ..lm.base import LanguageModel
 from ..sampling.engine import peek
 from ..sampling.tree import Node, PrefixTree
 
@@ -58,20 +59,20 @@ def path_logprobs(tree: PrefixTree, tokens: tuple[int, ...]) -> list[float]:
 
 
 
-def top_alternatives(tree: PrefixTree, node: Node, k: int, upto: int | None = None,
-                     start: int = 0) -> list[Top]:
+def top_alternatives(lm: LanguageModel, tree: PrefixTree, node: Node, k: int,
+                     upto: int | None = None, start: int = 0) -> list[Top]:
     """At each position ``start .. upto`` (default: all) of the path to ``node``, the ``k``
     likeliest tokens of the expansion there: the tokens valid at that position (every
     token without a constraint, within top_p) with their log-probabilities under the model
-    at the sampling temperature. An expansion the tree's cache dropped is made again, all
-    of them in one batched model call.
+    ``lm`` at the sampling temperature. An expansion the tree's cache dropped is made
+    again, all of them in one batched model call.
 
     >>> import adaptrack as at
     >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [3, 1, 0], eos=2)
-    >>> tree = PrefixTree(lm, [], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
+    >>> tree = PrefixTree([], at.constraints.choice(["ab", "b"]).bind(lm.vocab))
     >>> from adaptrack.sampling.engine import expand
-    >>> node = tree.child(tree.root, 1, expand(tree, tree.root))
-    >>> [[(t, round(lp, 3)) for t, lp in top] for top in top_alternatives(tree, node, 2)]
+    >>> node = tree.child(tree.root, 1, expand(lm, tree, tree.root))
+    >>> [[(t, round(lp, 3)) for t, lp in top] for top in top_alternatives(lm, tree, node, 2)]
     [[(0, -0.288), (1, -1.386)]]
     """
     path: list[Node] = []
@@ -80,7 +81,7 @@ def top_alternatives(tree: PrefixTree, node: Node, k: int, upto: int | None = No
         node = node.parent
     path = path[::-1][start:upto]
     out = []
-    for exp in peek(tree, path):
+    for exp in peek(lm, tree, path):
         order = np.argsort(-exp.p, kind="stable")[:k]
         out.append([(int(exp.ids[i]), float(np.log(exp.p[i]))) for i in order])
     return out

@@ -19,8 +19,8 @@ of either for several prompts) or ``messages``, ``n``, ``max_tokens`` (chat also
 ``guided_choice``, ``guided_grammar`` (GBNF when a line defines a rule with ``::=``, else
 Lark) and ``guided_api_names`` (dotted names, :func:`adaptrack.constraints.api_names`); and
 adaptrack's ``decoding_method``, ``share_q``, ``max_backtrack``, ``fast_forward``, ``end``,
-``fallback``, ``max_seconds``, ``search_budget`` and ``early_handover``. Python predicates and ``from_module``
-are not reachable: they run code.
+``fallback``, ``max_seconds``, ``search_budget`` and ``early_handover``. Python predicates
+and ``from_module`` are not reachable: they run code.
 
 >>> req = CompletionRequest.model_validate({"prompt": "ab", "guided_choice": ["a", "b"]})
 >>> req.n, req.method, req.constraint_field
@@ -45,7 +45,7 @@ from pydantic_core import PydanticCustomError
 
 from ..options import SamplingOptions
 from ..sampling.methods import METHODS, foreign_options, owners
-from ..sampling.tree import END_POLICIES
+from ..sampling.treeoptions import END_POLICIES
 from .errors import show
 from .tool_protocol import ChatMessage, StructuredOutputs, Tool, ToolChoice, invalid
 

@@ -20,6 +20,7 @@ from adaptrack.constraints.grammar.jsonbound import TokenCover
 from adaptrack.constraints.grammar.matcher import GrammarMatcher
 from adaptrack.sampling.expander import Expander
 from adaptrack.sampling.nodes import Node
+from adaptrack.sampling.treeoptions import TreeOptions
 from adaptrack.tokenization.vocab import Vocabulary
 
 NESTED = {"type": "object", "properties": {
@@ -188,14 +189,14 @@ def test_string_that_cannot_close_in_time_is_dead(default_vocab, monkeypatch):
         node = Node(node, tok, state, False, 0.0)
     # '","shippingAddress":""}' takes at least five tokens, then EOS: six.
     assert m.compiled.json_bound().need(node.state) == 6
-    at_five = Expander(m, max_new_tokens=node.depth + 5)
+    at_five = Expander(m, TreeOptions(max_new_tokens=node.depth + 5))
     assert at_five.dead(node) and not len(at_five.valid(node))
-    at_six = Expander(m, max_new_tokens=node.depth + 6)
+    at_six = Expander(m, TreeOptions(max_new_tokens=node.depth + 6))
     kept = at_six.valid(node)
     assert 0 < len(kept) < 100  # no plain string token: each would leave five for six
     assert not np.isin(kept, np.flatnonzero(m.compiled.json_bound().plain)).any()
     monkeypatch.setattr(GrammarMatcher, "within", Matcher.within)
-    assert len(Expander(m, max_new_tokens=node.depth + 5).valid(node)) > 40000
+    assert len(Expander(m, TreeOptions(max_new_tokens=node.depth + 5)).valid(node)) > 40000
 
 
 def test_a_key_being_written_keeps_the_required_keys_it_cannot_become():
@@ -227,10 +228,10 @@ def test_key_that_cannot_close_in_time_has_no_plain_child(default_vocab):
         assert state is not None
         node = Node(node, tok, state, False, 0.0)
     need = bound.need(node.state)
-    tight = Expander(m, max_new_tokens=node.depth + need).valid(node)
+    tight = Expander(m, TreeOptions(max_new_tokens=node.depth + need)).valid(node)
     assert 0 < len(tight) < 2000
     assert not np.isin(tight, np.flatnonzero(bound.cover.plain_ascii)).any()
-    roomy = Expander(m, max_new_tokens=node.depth + need + 1).valid(node)
+    roomy = Expander(m, TreeOptions(max_new_tokens=node.depth + need + 1)).valid(node)
     assert np.isin(roomy, np.flatnonzero(bound.cover.plain_ascii)).sum() > 40000
     for tok in tight.tolist():  # each kept token leaves a text that may still fit
         assert bound.need(m.advance(node.state, tok)) <= need - 1
