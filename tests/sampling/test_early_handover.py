@@ -47,7 +47,8 @@ def test_a_search_that_cannot_finish_hands_over_at_about_three_cds(method, kwarg
     # walks, which reuse the prefixes the search asked for.
     search = 5 * max(EARLY_FLOOR, EARLY_RATIO * 12)
     assert res.stats["lm_calls"] <= search + 2 * cd
-    assert res.stats["lm_calls"] <= (EARLY_RATIO + 1.5) * cd
+    # About (EARLY_RATIO + 1) x CD; the pass that crosses the line adds up to its width.
+    assert res.stats["lm_calls"] <= (EARLY_RATIO + 2) * cd
 
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)

@@ -59,7 +59,7 @@ class BudgetPolicy:
         self.early = early if fallback_tries is not None else None
         self._need = 1  # the fewest tokens a valid text takes (the constraint's bound)
         self._calls_at_bind = 0
-        self._drawn: list[int] = []  # the tokens of each sample the search drew
+        self._drawn: list[int] = []  # the calls to each sample the search drew
         #: Model rows each sample's walk may cause (``Request.share``), or None.
         self.share: int | None = None
         self._held: int | None = None  # the whole call budget, while the first sample is due
@@ -127,7 +127,7 @@ class BudgetPolicy:
         """A sample finished at ``node`` (``fell``: the fallback drew it): the first the
         method drew gives the request its whole budget back."""
         if not fell and node is not None:
-            self._drawn.append(node.depth)
+            self._drawn.append(tree.calls_to(node))
         if self._held is not None and not fell and tree.max_calls is not None:
             tree.max_calls, self._held = self._held, None
             tree.budgets.calls_rule = CALLS_RULE
@@ -141,9 +141,9 @@ class BudgetPolicy:
             self.check_search(tree)
 
     def cd_calls(self, tree: PrefixTree) -> float:
-        """CD's estimated model calls for one sample of ``tree``'s request: the tokens of the
-        longest of the constraint's bound, the deepest prefix the model evaluated and the
-        mean sample the search drew (an over-estimate where chains feed forced tokens).
+        """CD's estimated model calls for one sample of ``tree``'s request: the largest of the
+        constraint's bound in tokens, the calls to the deepest prefix the model evaluated
+        and those to the samples the search drew, on average (``PrefixTree.calls_to``).
 
         >>> import adaptrack as at
         >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)

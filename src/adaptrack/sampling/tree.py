@@ -66,7 +66,8 @@ class PrefixTree:
         self.max_new_tokens, self.top_p, self.leave = o.max_new_tokens, o.top_p, o.leave
         self.allow_truncated, self.restrict_length = o.allow_truncated, o.restricted
         self.lm_calls = 0
-        #: The most tokens of a prefix the model has evaluated: how far the walks reached.
+        #: The most model calls on the path to a prefix the model has evaluated
+        #: (:meth:`calls_to`): how far the walks reached, in what CD would pay to get there.
         self.deepest = 0
         self.budgets = Budgets(max_nodes=o.max_nodes, max_opened_bytes=o.max_opened_bytes,
                                max_seconds=o.max_seconds, max_calls=o.max_calls)
@@ -197,8 +198,20 @@ class PrefixTree:
         keeping the expansions just made for them."""
         self.nodes.trim(nodes)
 
+    @staticmethod
+    def calls_to(node: Node) -> int:
+        """The model calls a walk makes to expand ``node`` from the root: one a prefix on the
+        path, none for those a fed chain's one call gave (``in_chain``)."""
+        calls = 0
+        at: Node | None = node
+        while at is not None:
+            calls += not at.in_chain
+            at = at.parent
+        return calls
+
     def _keep(self, node: Node, logprobs: np.ndarray) -> Expansion:
-        self.deepest = max(self.deepest, node.depth)
+        if node.depth >= self.deepest:  # fewer tokens than that cannot hold more calls
+            self.deepest = max(self.deepest, self.calls_to(node))
         expansion = self.expander.expansion(node, logprobs)
         self.nodes.keep(node, expansion)
         return expansion
