@@ -83,3 +83,15 @@ def test_cd_cost_is_estimated_from_the_bound_the_tree_and_the_samples():
     assert policy.cd_calls(tree) == 4
     assert policy.early_calls(tree) == EARLY_FLOOR  # 2 x 4 is less than the floor
     assert BudgetPolicy(fallback_tries=None, early=2.0).early_calls(tree) is None
+
+
+@pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
+def test_a_sample_handed_over_early_is_walked_by_cd_from_the_root(method, kwargs):
+    """The early hand-over's walks are CD's own: from the root, on each sample's random
+    stream, so a sample it hands over is the one the seed gives with method="cd" (a walk
+    that wandered far from where CD goes is not finished from there)."""
+    cd = run("cd", None)
+    res = run(method, 50.0, **kwargs)
+    fell = [i for i, s in enumerate(res.samples) if s.fallback]
+    assert fell
+    assert all(res.samples[i].tokens == cd.samples[i].tokens for i in fell)

@@ -106,6 +106,13 @@ def _direct(waits: object) -> list[Node]:
     return [n for n in waits if isinstance(n, Node)] if isinstance(waits, tuple) else []
 
 
+def _direct_rows(req: Request, plain: list[Node], heads: list[Node]) -> int:
+    """The rows of a step a walk of ``req`` waits for: those fetched ahead only (width the
+    cost model deems free) left out."""
+    direct = {id(n) for s in req._slots.values() for n in _direct(s.waits)}
+    return sum(id(n) in direct for n in plain) + sum(id(n) in direct for n in heads)
+
+
 def _prefetched(waits: object) -> list[Node]:
     """The prefixes of the :class:`Prefetch` in what a walk yields."""
     if not isinstance(waits, tuple):
@@ -199,6 +206,7 @@ class Engine:
             nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
             plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
             if req.policy.share is None or req._whole:
+                req.policy.waited(_direct_rows(req, plain, heads))
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
             over = [(i, why) for i, s in req._slots.items() if s.searching
@@ -225,7 +233,8 @@ class Engine:
         req.fallen.add(i)
         seen: set[int] = set()
         rng = np.random.default_rng(req._streams[i])
-        walk = cd.walk(seen, rng, start=reached[0] if reached else None)
+        start = reached[0] if reached and req.policy.resumes(why) else None
+        walk = cd.walk(seen, rng, start=start)
         req._slots[i] = _Slot(walk, seen, searching=False)
         self._resume(req, i)
 
@@ -345,7 +354,7 @@ class Engine:
         if fall_back and not req._whole and req.policy.hands_over(err):
             # Walks from the root and as many more from where a walk in flight had reached.
             req.method = req.policy.take_over(req.method, len(missing) + len(reached))
-            req._starts = reached
+            req._starts = reached if req.policy.resumes(err) else {}
             req.width = req.fallback_width
             req.fell_back, req._redo, req._whole = err, missing, True
             req.fallen.update(missing)

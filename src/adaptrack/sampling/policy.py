@@ -39,7 +39,12 @@ SEARCH_TOKENS = 64
 EARLY_RATIO = 3.0
 #: The early hand-over never comes before a sample's search made this many model calls: CD's
 #: cost is estimated from how deep the search reached, which is little at the start.
-EARLY_FLOOR = 16
+EARLY_FLOOR = 48
+
+
+class EarlyHandover(CallLimitError):
+    """The early hand-over's reason (:meth:`BudgetPolicy.check_search`,
+    :meth:`BudgetPolicy.past_share`): a call budget the search set itself."""
 
 
 class BudgetPolicy:
@@ -58,7 +63,7 @@ class BudgetPolicy:
         #: The early hand-over's ratio to CD's estimated cost (None: only the budget).
         self.early = early if fallback_tries is not None else None
         self._need = 1  # the fewest tokens a valid text takes (the constraint's bound)
-        self._calls_at_bind = 0
+        self._waited = 0  # model rows a walk waited for (those fetched ahead left out)
         self._drawn: list[int] = []  # the calls to each sample the search drew
         #: Model rows each sample's walk may cause (``Request.share``), or None.
         self.share: int | None = None
@@ -103,7 +108,6 @@ class BudgetPolicy:
         tree reused from an earlier call)."""
         calls = self.max_calls
         tree.max_calls = None if calls is None else tree.lm_calls + calls
-        self._calls_at_bind = tree.lm_calls
         self._need = max(1, int(getattr(tree.matcher, "min_new_tokens", lambda: 1)()))
 
     def start(self, method: Method) -> None:
@@ -163,21 +167,27 @@ class BudgetPolicy:
             return None
         return max(EARLY_FLOOR, math.ceil(self.early * self.cd_calls(tree)))
 
+    def waited(self, rows: int) -> None:
+        """The engine counts the model rows of a step that a walk waits for: what the early
+        hand-over of a shared Q charges (rows fetched ahead cost little more in the same
+        pass, and the width that fetches them is the cost model's to set)."""
+        self._waited += rows
+
     def check_search(self, tree: PrefixTree) -> None:
         """The early hand-over of samples that share one Q: once the search made
         :meth:`early_calls` a sample for each of the ``n``, it hands the request over unless
         the samples it drew say the rest come within one more CD's cost (the rate at which
-        it draws them). Independent samples hand over one by one (:meth:`past_share`)."""
+        it draws them). It counts the rows walks waited for (:meth:`waited`). Independent samples hand over one by one (:meth:`past_share`)."""
         early = self.early_calls(tree)
         if early is None or self.early is None or self.share is not None:
             return
-        spent, drawn = tree.lm_calls - self._calls_at_bind, len(self._drawn)
+        spent, drawn = self._waited, len(self._drawn)
         if spent < early * self.n:
             return
         cd = self.cd_calls(tree) * self.n
         if drawn and spent * self.n / drawn <= (self.early + 1) * cd:
             return
-        raise CallLimitError(
+        raise EarlyHandover(
             f"the search made {spent} model calls and drew {drawn} of {self.n} samples, "
             f"past {self.early:g} x CD's estimated cost ({math.ceil(cd)} calls); CD draws "
             "the rest (early_handover; None to search on to the budget)")
@@ -190,7 +200,7 @@ class BudgetPolicy:
             return None
         early = None if tree is None else self.early_calls(tree)
         if tree is not None and early is not None and early < self.share and rows >= early:
-            return CallLimitError(
+            return EarlyHandover(
                 f"a sample's walk made {rows} model calls, {self.early:g} x CD's estimated "
                 f"cost of a sample ({math.ceil(self.cd_calls(tree))} calls); CD draws it "
                 "(early_handover; None to search on to the budget)")
@@ -200,6 +210,15 @@ class BudgetPolicy:
             f"a sample's walk made {rows} model calls, its share of the budget "
             f"(search_budget x max_new_tokens, {self.share} a sample); raise "
             "search_budget (None for no limit)")
+
+    @staticmethod
+    def resumes(why: BaseException) -> bool:
+        """Whether the fallback's walk of a sample goes on from where its search's walk
+        reached (a spent budget: mostly near the length limit, a few calls from an end) or
+        starts at the root (the early hand-over: a walk that wandered where CD would not go,
+        often deep in a string the model would not write, where finishing costs far more
+        than a CD sample and gives a text no sampler would)."""
+        return not isinstance(why, EarlyHandover)
 
     def fallback(self, method: Method) -> ConstrainedDecoding:
         """The CD that draws a sample past its share, on ``method``'s tree (one for the
