@@ -153,7 +153,7 @@ class LanguageModel(ABC):
             saved = {name: getattr(self, name) for name in self.counters}
             try:
                 self._next_logprobs([base])  # the shared context, kept as a prompt is
-                self._timed_pass([base + (next(fresh),) for _ in range(8)])  # warm up
+                self._timed_pass([(*base, next(fresh)) for _ in range(8)])  # warm up
                 self.row_cost = measure_row_cost(self._timed_pass, base, fresh)
             finally:
                 for name, value in saved.items():

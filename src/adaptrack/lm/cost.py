@@ -71,7 +71,7 @@ def measure_row_cost(forward: Callable[[list[tuple[int, ...]]], object],
     one, wide = float("inf"), float("inf")
     for _ in range(repeats):
         for k in (1, rows):
-            prefixes = [base + (next(fresh),) for _ in range(k)]
+            prefixes = [(*base, next(fresh)) for _ in range(k)]
             start = clock()
             forward(prefixes)
             took = clock() - start
