@@ -3,8 +3,9 @@
 
 A pass over k rows of the same short context costs about ``t(1) · (1 + (k − 1) · c)``; the
 *row cost* c is the price of one more row as a fraction of a one-row pass. On a CPU rows
-are real work (c ≈ 0.2 for the default model: docs/benchmarks/width.md); on a GPU a pass
-is mostly the weights' reads, and a few dozen rows cost nearly what one does (c close to 0).
+are real work (c ≈ 0.06-0.12 for the default model, timed at 8 rows; the first extra row
+costs ~0.6 of a pass, the next ones little: docs/benchmarks/width.md); on a GPU a pass is
+mostly the weights' reads, and a few dozen rows cost nearly what one does (c close to 0).
 A model measures c once, the first time a search asks (``LanguageModel.measured_row_cost``),
 by timing a few passes of short prefixes; a model whose cost is known declares it
 (``TableLM``: 0, and a test then times nothing).
@@ -42,7 +43,7 @@ def width_for(row_cost: float) -> int:
     before them are rejected. A pass of that many rows pays for itself as soon as one of
     them is used (it saves a pass of its own), and when none is used it costs at most one
     pass more than the row the search waits for: the waste is bounded by the pass it
-    might save. On a CPU (c ≈ 0.2 to 0.4) that is 3 to 6 rows, on a GPU the cap.
+    might save. On a CPU (c ≈ 0.06 to 0.12) that is 9 to 16 rows, on a GPU the cap.
 
     >>> [width_for(c) for c in (1.0, 0.5, 0.1)]
     [2, 3, 11]
