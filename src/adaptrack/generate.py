@@ -117,7 +117,7 @@ def generate(
     ``width`` (``exact`` only): the attempts it follows at once, their prefixes evaluated
     in the running attempt's forward pass; None (the default) takes it from the model's
     measured cost of one more row in a pass (``LanguageModel.measured_row_cost``, timed once
-    per model: 1 + 1/cost rows within [1, 64]), within a ``parallel`` given as a number
+    per model: 1 + 1/cost rows within [1, 32]), within a ``parallel`` given as a number
     (``parallel=False``: 1). The samples the search draws are the same at every width; the
     width used is ``stats["width"]`` (docs/design.md §3, width).
 

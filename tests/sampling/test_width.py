@@ -93,6 +93,7 @@ def test_the_width_comes_from_the_option_else_the_model_within_parallel() -> Non
 
     assert width() == at.lm.cost.MAX_WIDTH  # TableLM declares its rows free
     assert width(width=5) == 5
+    assert width(width=100) == 100  # past the cost model's widest: asked, so honoured
     assert width(width=5, parallel=3) == 3  # walks given as a number bound it
     assert width(width=5, parallel=True) == 5
     assert width(width=5, parallel=False) == 1  # one attempt at a time

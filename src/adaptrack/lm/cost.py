@@ -11,7 +11,7 @@ by timing a few passes of short prefixes; a model whose cost is known declares i
 (``TableLM``: 0, and a test then times nothing).
 
 >>> width_for(0.4), width_for(0.17), width_for(0.0), width_for(5.0)
-(3, 6, 64, 1)
+(3, 6, 32, 1)
 >>> ticks = iter([0.0, 1.0, 1.0, 2.4] * 3)    # one row: 1 s; 8 rows: 1.4 s
 >>> c = measure_row_cost(lambda rows: None, (5, 6), iter(range(100)), clock=lambda: next(ticks))
 >>> round(c, 4)                               # 0.4 s more for 7 more rows
@@ -29,10 +29,10 @@ ROWS = 8
 #: Timed pairs of passes (one row, ``ROWS`` rows); the fastest of each counts, as another
 #: process on the machine can only slow a pass down.
 REPEATS = 3
-#: The widest width a cost model gives: past it even a free row buys little, since a
-#: search rarely has that many useful rows for one pass (and a backend splits passes at its
-#: own ``max_batch``).
-MAX_WIDTH = 64
+#: The widest width a cost model gives: the engine's default ``batch_size`` and the
+#: transformers backend's ``max_batch``, past which a wider step is split into several
+#: passes anyway (the fixed lookahead of ``exact`` before the cost model, too).
+MAX_WIDTH = 32
 
 
 def width_for(row_cost: float) -> int:

@@ -85,7 +85,6 @@ from typing import cast
 import numpy as np
 
 from ..cache import LRU
-from ..lm.cost import MAX_WIDTH
 from .base import BARRIER, Method, Walk
 from .bestfirst import BestFirst
 from .draw import draw
@@ -131,9 +130,10 @@ class Exact(Method):
     growth, floor = 2.0, 0.5
     options = ("width",)
     #: ``ahead``: the attempts a walk follows at most at once, the one running and the next
-    #: ones whose model calls it fetches ahead, whatever its width (the request's ``width``
-    #: bounds them, from the option or the model's cost model; 2^k after k rejections).
-    lookahead = MAX_WIDTH
+    #: ones whose model calls it fetches ahead, whatever the request's width (which bounds
+    #: them: the ``width`` option, else the model's cost model; 2^k after k rejections);
+    #: None: no bound but the width.
+    lookahead: int | None = None
 
     def __init__(self, tree: PrefixTree, greedy: bool, *, width: int | None = None) -> None:
         """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence;
@@ -323,7 +323,7 @@ class Exact(Method):
                 # least), and 2^k after k rejections: a request whose first attempts are
                 # accepted fetches nothing it does not use.
                 missing = self.samples - self._returned
-                span = min(self.lookahead, self.width,
+                span = min(self.lookahead or self.width, self.width,
                            max(missing, 1 << min(self.restarts, 30)))
                 while len(window) < span:
                     window.append(Course(root, int(seeds.integers(0, 2**63))))
