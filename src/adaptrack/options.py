@@ -205,9 +205,9 @@ class SamplingOptions:
         "default: on for exact, off otherwise (default: auto)", metavar="WALKS"))
     width: int | None = field(default=None, metadata=_flag(
         "--width", "count",
-        "exact: attempts followed at once, their model calls in one forward pass; samples "
-        "are the same at every width (default: from the model's measured cost of a row in "
-        f"a pass, 1 to {MAX_WIDTH} on this device; at most {MAX_WIDTH_OPTION})",
+        "exact: attempts followed at once, their model calls in one forward pass; the "
+        "samples it draws are the same at every width (default: from the model's measured "
+        f"cost of one more row in a pass, 1 to {MAX_WIDTH}; at most {MAX_WIDTH_OPTION})",
         metavar="ROWS"))
     max_nodes: int = field(default=100_000, metadata=_flag(
         "--max-nodes", "count",
