@@ -139,7 +139,7 @@ class LanguageModel(ABC):
 
     def measured_row_cost(self) -> float:
         """:attr:`row_cost`, timed on the first call (a few passes of short prefixes,
-        under a second for a small model on a CPU) when the model does not declare it.
+        about a second for a small model on a CPU) when the model does not declare it.
 
         >>> import adaptrack as at
         >>> at.TableLM([b"a", b"<eos>"], lambda prefix: [1, 1], eos=1).measured_row_cost()
@@ -148,7 +148,8 @@ class LanguageModel(ABC):
         if self.row_cost is None:
             ordinary = ([i for i in range(self.vocab.size) if self.vocab.bytes_of(i)]
                         or list(range(self.vocab.size)))
-            base = tuple(ordinary[(7 * i) % len(ordinary)] for i in range(32))
+            size = 32 if self.context_length is None else min(32, self.context_length - 1)
+            base = tuple(ordinary[(7 * i) % len(ordinary)] for i in range(max(1, size)))
             fresh = (ordinary[(101 * i + 3) % len(ordinary)] for i in range(1 << 30))
             saved = {name: getattr(self, name) for name in self.counters}
             try:

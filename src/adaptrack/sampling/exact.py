@@ -70,8 +70,9 @@ attempt retraces the course whose calls were fetched for it, except where Q lowe
 course's own token. Given Q each step is a draw of formula 3 (or of P at a prefix not
 opened), so each attempt is an attempt of the one-at-a-time kind; what was fetched ahead
 only fills the cache, and a seed's samples are the same for every width, ``parallel``
-and cache bound, so for every machine the cost model measures (following ahead makes
-prefixes, so it can reach ``max_nodes`` sooner).
+and cache bound, so for every machine the cost model measures. (Following ahead makes
+prefixes and model calls, so it can reach ``max_nodes`` or the call budget sooner: where
+a budget hands samples to the CD fallback, the point it does so moves with the width.)
 
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree (``sampling/bestfirst.py``).
