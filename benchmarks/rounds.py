@@ -18,8 +18,8 @@ for the run):
   left: the fewest rejections a schedule can reach, in as many passes as model calls.
 - ``aheadW`` (W = 1, 2, 4, 8, 16, 32): the ``ahead`` schedule, one attempt at a time like
   ``one`` (each on its own stream), the model calls of the next W - 1 attempts fetched in
-  the same passes (``Exact.lookahead``; ``ahead1`` is ``one`` on per-attempt streams;
-  ``ahead32`` is the default).
+  the same passes (``width=W``; ``ahead1`` is ``one`` on per-attempt streams; the default
+  is the width the model's cost model gives, docs/benchmarks/width.md).
 
 Workloads: the binary DSL problem (``binary.jsonl``'s first, the paper's binary study),
 one or more SLIA problems (``--slia``, short prompts first), both as the DSL study runs them
@@ -102,10 +102,12 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: at.SamplingOpti
     with variant(label), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            parallel = VARIANTS[label][4]
+            schedule, *_, parallel, lookahead = VARIANTS[label]
+            # ``ahead`` follows its width: the lookahead's, not the model's cost model's.
+            width = {"width": lookahead} if schedule == "ahead" else {}
             res = at.generate(lm, prompt, constraint, options=replace(
                 options, method="exact", n=n, seed=seed, search_budget=None,
-                **({} if parallel is None else {"parallel": parallel})))
+                **({} if parallel is None else {"parallel": parallel}), **width))
         except at.AdaptrackError as err:
             return {"error": type(err).__name__, "s": time.perf_counter() - started,
                     "cpu": time.process_time() - cpu}

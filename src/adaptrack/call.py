@@ -28,6 +28,7 @@ from .constraints.compose import Stopped
 from .errors import AdaptrackError, NoValidSequenceError, PromptTooLongError
 from .limits import prompt_text
 from .lm.base import LanguageModel
+from .lm.cost import width_for
 from .options import PARALLEL_WALKS, SamplingOptions
 from .results import FreeTextWarning, GenerationResult, Sample
 from .sampling.engine import Engine, Request
@@ -246,6 +247,9 @@ class PreparedCall:
         self.policy.bind(self.tree)
         self.sampler = build(o.method, self.tree, o.greedy, o)
         self.samples: list[Sample | None] = [None] * o.n
+        #: The request's width once submitted (``stats["width"]``): exact's attempts
+        #: followed at once, else its walks in flight (at most n).
+        self.width = 0
         self.left = o.n
         self.finished: float | None = None  # when the last sample finished
 
@@ -257,6 +261,10 @@ class PreparedCall:
             width = 1
         else:  # a fixed width, not batch_size: the walks in flight decide the samples
             width = PARALLEL_WALKS if isinstance(parallel, bool | None) else int(parallel)
+        if sampler.spends_width:  # rows that change no sample: the option, or the device's
+            rows = sampler.asked_width or width_for(self.lm.measured_row_cost())
+            width = rows if parallel is None or parallel is True else min(rows, width)
+        self.width = width if sampler.spends_width else min(width, self.n)
         self.request = engine.submit(sampler, self.n, self.seed, self.done, width=width,
                                      policy=self.policy, fallback_width=batch_size)
         return self.request
@@ -290,6 +298,7 @@ class PreparedCall:
             "prompt_tokens": len(self.ids),
             "fallback_samples": sum(s.fallback for s in finished),
             "forward_passes": 0 if self.request is None else self.request.passes,
+            "width": self.width,
             "seconds": (self.finished or time.perf_counter()) - self.started,
             **self.matcher.stats(),
         }

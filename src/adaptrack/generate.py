@@ -80,7 +80,7 @@ def generate(
     where their defaults are declared once: either ``options=SamplingOptions(...)``, or
     each as a keyword (``**overrides``: ``method``, ``n``, ``temperature``, ``top_p``,
     ``max_new_tokens``, ``seed``, ``fast_forward``, ``share_q``, ``max_backtrack``,
-    ``min_backtrack_prob``, ``parallel``, ``end``, ``truncate_prompt``,
+    ``min_backtrack_prob``, ``parallel``, ``width``, ``end``, ``truncate_prompt``,
     ``allow_truncated``, the budgets ``max_nodes``, ``max_cache_bytes``,
     ``max_opened_bytes``, ``max_seconds``, ``search_budget`` and ``fallback``), checked by
     ``SamplingOptions``: an unknown keyword raises a ``TypeError`` that names it and lists
@@ -113,6 +113,13 @@ def generate(
     backend's batch composition changes rounding by about 1e-6, which can flip a draw that
     close to a boundary); for shared-Q methods the number of walks in flight
     (``parallel``) changes the samples, never the target of ``exact``.
+
+    ``width`` (``exact`` only): the attempts it follows at once, their prefixes evaluated
+    in the running attempt's forward pass; None (the default) takes it from the model's
+    measured cost of one more row in a pass (``LanguageModel.measured_row_cost``, timed once
+    per model: 1 + 1/cost rows within [1, 32]), within a ``parallel`` given as a number
+    (``parallel=False``: 1). The samples the search draws are the same at every width; the
+    width used is ``stats["width"]`` (docs/design.md §3, width).
 
     ``fast_forward`` (``True``, ``False`` or :class:`FastForward` options): bytes the
     constraint forces are fed as their canonical tokens in one model call. ``cd`` then

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .flags import Flag, flag
+from .lm.cost import MAX_WIDTH
 from .sampling.fastforward import FastForward
 from .sampling.methods import METHODS, foreign_options, owners
 from .sampling.policy import EARLY_RATIO, SEARCH_TOKENS, BudgetPolicy
@@ -50,6 +51,10 @@ FALLBACK_TRIES = 4
 #: Walks in flight over one shared Q with ``parallel=True`` (the default of ``exact``): a
 #: fixed number, not ``batch_size``, so that the batch size changes no sample.
 PARALLEL_WALKS = 32
+
+#: The widest ``width`` one may ask for: past it a pass's rows outnumber what any search
+#: of ``max_new_tokens`` tokens can use, and each row followed ahead keeps a course.
+MAX_WIDTH_OPTION = 1024
 
 #: The default time budget of one ``generate`` call, in seconds: far past the runs in
 #: docs/benchmarks/ (a TFv1 prompt with n = 20 takes seconds on a CPU), short enough that a
@@ -193,6 +198,12 @@ class SamplingOptions:
         f"walks in flight over one shared Q (exact; asap, adaptrack --share-q): 'on' "
         f"({PARALLEL_WALKS}), 'off' (one at a time), a number, or 'auto', the method's "
         "default: on for exact, off otherwise (default: {default})", metavar="WALKS"))
+    width: int | None = field(default=None, metadata=flag(
+        "--width", "count",
+        "exact: attempts followed at once, their model calls in one forward pass; the "
+        "samples it draws are the same at every width (default: from the model's measured "
+        f"cost of one more row in a pass, 1 to {MAX_WIDTH}; at most {MAX_WIDTH_OPTION})",
+        metavar="ROWS"))
     max_nodes: int = field(default=_TREE.max_nodes, metadata=flag(
         "--max-nodes", "count",
         "budget: most prefixes in the search tree (default: {default})", metavar="N"))
@@ -247,6 +258,10 @@ class SamplingOptions:
             checkflag(name, getattr(self, name))
         if self.parallel is not None and not isinstance(self.parallel, bool):
             self._set("parallel", check_int("parallel", self.parallel, 1))
+        if self.width is not None:
+            self._set("width", check_int("width", self.width, 1))
+            if self.width > MAX_WIDTH_OPTION:
+                raise ValueError(f"width must be at most {MAX_WIDTH_OPTION}, got {self.width}")
         for name, least in (("max_cache_bytes", 0), ("max_opened_bytes", 0)):
             self._set(name, check_int(name, getattr(self, name), least))
         if self.max_backtrack is not None:

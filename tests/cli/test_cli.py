@@ -96,6 +96,19 @@ def test_generate_end_policy_and_fallback(capsys, loads, choices):
     assert code == 2 and "invalid choice: 'stop'" in err
 
 
+def test_generate_width(capsys, loads, choices):
+    """``--width`` sets exact's width (stats["width"]); the samples are those of the
+    default width, the model's (a TableLM declares its rows free: 32)."""
+    outs = {}
+    for extra in ([], ["--width", "3"]):
+        code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
+                             "-n", "4", "--seed", "2", "--method", "exact", "--json", *extra)
+        assert code == 0, err
+        outs[tuple(extra)] = json.loads(out)
+    assert outs[()]["stats"]["width"] == 32 and outs[("--width", "3")]["stats"]["width"] == 3
+    assert outs[()]["samples"] == outs[("--width", "3")]["samples"]
+
+
 def test_generate_json_with_constraint(capsys, loads, choices):
     code, out, err = run(capsys, "generate", "--prompt", "a", "--constraint", choices,
                          "-n", "7", "--seed", "1", "--json", "--model", "tiny",
@@ -223,6 +236,9 @@ def test_progress_fallback_counter_goes_to_stderr(capsys, loads, choices, monkey
         (["--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
         (["--backend", "onnx"], "invalid choice"),
         (["--method", "cd", "--share-q"], "--share-q applies to --method adaptrack only"),
+        (["--method", "adaptrack", "--width", "4"], "--width applies to --method exact only"),
+        (["--method", "exact", "--width", "0"], "--width: must be at least 1"),
+        (["--method", "exact", "--width", "2000"], "width must be at most 1024"),
     ],
 )
 def test_generate_bad_options(capsys, loads, extra, fragment):

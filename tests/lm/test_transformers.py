@@ -696,3 +696,22 @@ def test_siblings_attend_to_their_parent_in_place_and_transient_rows_keep_no_sta
     for prefix, row in zip(kept, lm.next_logprobs([(*k, 1) for k in kept]), strict=True):
         assert np.abs(row - fresh(model, [*prefix, 1])).max() < 1e-4
     assert lm.fed_tokens - fed == 2
+
+
+def test_the_row_cost_is_timed_once_outside_the_counters(tiny):
+    """The cost model (lm/cost.py) times a few passes of this model at the first search
+    that needs a width: the passes are not a request's, so no counter moves, and the
+    width the request ran at is the one the cost gives."""
+    model, tok = tiny
+    lm = TransformersLM(model, tok)
+    assert lm.row_cost is None
+    c = at.constraints.choice(["abc", "ab", "ba", "cab"])
+    res = at.generate(lm, "abc", c, method="exact", n=3, seed=0, max_new_tokens=6)
+    assert lm.row_cost is not None and lm.row_cost >= 0
+    assert res.stats["width"] == at.lm.cost.width_for(lm.row_cost)
+    declared = TransformersLM(model, tok)
+    declared.row_cost = lm.row_cost  # nothing timed
+    again = at.generate(declared, "abc", c, method="exact", n=3, seed=0, max_new_tokens=6)
+    assert again.samples == res.samples
+    for counter in ("calls", "forward_calls", "fed_tokens"):
+        assert getattr(lm, counter) == getattr(declared, counter) > 0, counter

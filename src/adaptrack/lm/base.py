@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ModelOutputError, PromptTooLongError
 from ..tokenization.vocab import Vocabulary
+from .cost import measure_row_cost
 
 Prefix = tuple[int, ...]
 
@@ -52,6 +53,14 @@ class LanguageModel(ABC):
     #: numerics): float64 unless the model's own numbers are float32 or coarser, where
     #: float32 loses nothing they had and halves the bytes of an opened prefix.
     probs_dtype: type = np.float64
+    #: The relative cost of one more row in a forward pass (``lm/cost.py``), the cost model
+    #: a search's width comes from: None until :meth:`measured_row_cost` times it, once per
+    #: model; a model whose cost is known declares it (``TableLM``), and so may a caller
+    #: that measured it before (nothing is timed then).
+    row_cost: float | None = None
+    #: The counters of work done that timing the row cost leaves as they were: it is not a
+    #: request's work.
+    counters: tuple[str, ...] = ("calls",)
     _context_hint = ("shorten the prompt (generate(truncate_prompt=True) keeps its end) or "
                      "lower max_new_tokens")
 
@@ -127,6 +136,34 @@ class LanguageModel(ABC):
         (1, 2)
         """
         return nullcontext()
+
+    def measured_row_cost(self) -> float:
+        """:attr:`row_cost`, timed on the first call (a few passes of short prefixes,
+        about a second for a small model on a CPU) when the model does not declare it.
+
+        >>> import adaptrack as at
+        >>> at.TableLM([b"a", b"<eos>"], lambda prefix: [1, 1], eos=1).measured_row_cost()
+        0.0
+        """
+        if self.row_cost is None:
+            ordinary = ([i for i in range(self.vocab.size) if self.vocab.bytes_of(i)]
+                        or list(range(self.vocab.size)))
+            size = 32 if self.context_length is None else min(32, self.context_length - 1)
+            base = tuple(ordinary[(7 * i) % len(ordinary)] for i in range(max(1, size)))
+            fresh = (ordinary[(101 * i + 3) % len(ordinary)] for i in range(1 << 30))
+            saved = {name: getattr(self, name) for name in self.counters}
+            try:
+                self._next_logprobs([base])  # the shared context, kept as a prompt is
+                self._timed_pass([(*base, next(fresh)) for _ in range(8)])  # warm up
+                self.row_cost = measure_row_cost(self._timed_pass, base, fresh)
+            finally:
+                for name, value in saved.items():
+                    setattr(self, name, value)
+        return self.row_cost
+
+    def _timed_pass(self, prefixes: list[Prefix]) -> None:
+        with self.transient(prefixes):  # rows a search would extend are not these
+            self._next_logprobs(prefixes)
 
     def next_logprobs(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         """Normalized next-token log-probs for each full prefix (prompt ids included)."""

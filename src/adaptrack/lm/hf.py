@@ -119,6 +119,7 @@ class TransformersLM(StateKeeper, LanguageModel):
     """
 
     probs_dtype = np.float32  # logits in float32 (or coarser): docs/design.md §3
+    counters = ("calls", "forward_calls", "fed_tokens")
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32,
                  max_states: int = MAX_STATES, kv_cache_bytes: int = KV_CACHE_BYTES,

@@ -88,6 +88,7 @@ class LlamaCppLM(LanguageModel):
     """
 
     probs_dtype = np.float32  # logits in float32 (or coarser): docs/design.md §3
+    counters = ("calls", "decode_calls", "fed_tokens")
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, max_slots: int = 8,

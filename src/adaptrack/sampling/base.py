@@ -67,6 +67,12 @@ class Method:
     #: Whether the engine runs its walks one at a time whatever ``width`` says (which
     #: then bounds what one walk does at once: ``exact``'s ``ahead`` schedule).
     serial = False
+    #: Whether ``width`` is rows the walk spends in one pass without changing a sample
+    #: (``exact``'s attempts followed ahead): its request's width then comes from the
+    #: ``width`` option (:attr:`asked_width`), else from the model's cost model
+    #: (``lm/cost.py``; ``PreparedCall.submit``).
+    spends_width = False
+    asked_width: int | None = None
     #: How many samples its request asks for (set by ``Engine.submit``).
     samples = 1
     #: Walks from the root one sample may take (CD as a fallback tries past dead ends).

@@ -56,11 +56,12 @@ engine's ``serial``), and its attempts run one at a time, each on the Q every ea
 fewest rejections), each on its own random stream (seeded in attempt order from the first
 sample's stream), one random key per step; a sample is the first attempt accepted after
 the previous sample's. What it batches is model calls: while the running attempt waits for
-an expansion, the next attempts (``lookahead`` in all at most, and at most ``parallel``'s
-walks; as many as samples are missing, or 2^k after k rejections if more, so that a
-request whose first attempts are accepted fetches nothing it does not use) are followed
-ahead on the current Q, read-only, each to the first prefix whose expansion is not known,
-and those prefixes share the running attempt's pass.
+an expansion, the next attempts (the request's *width* in all at most: the ``width``
+option, else what the model's cost model gives, ``lm/cost.py``, within a ``parallel``
+given as a number; as many as samples are missing, or 2^k after k rejections if more, so
+that a request whose first attempts are accepted fetches nothing it does not use) are
+followed ahead on the current Q, read-only, each to the first prefix whose expansion is
+not known, and those prefixes share the running attempt's pass.
 When an attempt ends Q changes only along its path, so a course followed ahead is taken
 again only from the prefixes on that path, and goes on from where its step moved. Each
 step is an exponential race keyed by the step's random number (:class:`Draws`), which
@@ -68,9 +69,10 @@ keeps its winner when Q falls elsewhere and when a prefix not yet opened is open
 attempt retraces the course whose calls were fetched for it, except where Q lowered that
 course's own token. Given Q each step is a draw of formula 3 (or of P at a prefix not
 opened), so each attempt is an attempt of the one-at-a-time kind; what was fetched ahead
-only fills the cache, and a seed's samples are the same for every ``lookahead``,
-``parallel`` and cache bound (following ahead makes prefixes, so it can reach
-``max_nodes`` sooner).
+only fills the cache, and a seed's samples are the same for every width, ``parallel``
+and cache bound, so for every machine the cost model measures. (Following ahead makes
+prefixes and model calls, so it can reach ``max_nodes`` or the call budget sooner: where
+a budget hands samples to the CD fallback, the point it does so moves with the width.)
 
 With ``temperature=0`` it returns the most probable valid complete sequence: best-first
 search by -log P over the tree (``sampling/bestfirst.py``).
@@ -127,13 +129,17 @@ class Exact(Method):
     #: ``useful``: a round runs ``growth`` times the last round's useful attempts, and at
     #: least ``floor`` of the slots waiting (benchmarks/rounds.py measures other values).
     growth, floor = 2.0, 0.5
+    options = ("width",)
     #: ``ahead``: the attempts a walk follows at most at once, the one running and the next
-    #: ones whose model calls it fetches ahead (at most ``parallel``'s walks; 2^k after k
-    #: rejections).
-    lookahead = 32
+    #: ones whose model calls it fetches ahead, whatever the request's width (which bounds
+    #: them: the ``width`` option, else the model's cost model; 2^k after k rejections);
+    #: None: no bound but the width.
+    lookahead: int | None = None
 
-    def __init__(self, tree: PrefixTree, greedy: bool) -> None:
-        """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence."""
+    def __init__(self, tree: PrefixTree, greedy: bool, *, width: int | None = None) -> None:
+        """Exact sampling over ``tree``; ``greedy``: the most probable valid sequence;
+        ``width``: the attempts followed at once under ``ahead`` (None: the model's cost
+        model gives it when the request is submitted)."""
         super().__init__(tree, greedy)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
@@ -152,6 +158,7 @@ class Exact(Method):
         # ``ahead``: one walk at a time (its attempts one at a time), and what one uniform
         # becomes at the prefixes drawn from lately.
         self.serial = self.schedule == "ahead"
+        self.spends_width, self.asked_width = self.serial and not greedy, width
         self._seeds: np.random.Generator | None = None  # the attempts' seeds, in order
         self._window: list[Course] = []  # the running attempt, then the next ones in order
         # Prefixes whose step Q changed since the next attempts' courses were followed:
@@ -317,7 +324,7 @@ class Exact(Method):
                 # least), and 2^k after k rejections: a request whose first attempts are
                 # accepted fetches nothing it does not use.
                 missing = self.samples - self._returned
-                span = min(self.lookahead, self.width,
+                span = min(self.lookahead or self.width, self.width,
                            max(missing, 1 << min(self.restarts, 30)))
                 while len(window) < span:
                     window.append(Course(root, int(seeds.integers(0, 2**63))))
