@@ -37,18 +37,21 @@ def run(method: str, budget: float | None, letters: int = 10,
 
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
-def test_a_search_that_cannot_finish_hands_over_at_about_three_cds(method, kwargs):
-    cd = run("cd", None).stats["lm_calls"]
+def test_a_search_that_cannot_finish_hands_over_at_about_four_cds(method, kwargs):
+    """20 letters: CD's estimate (21 calls a sample) times EARLY_RATIO passes the floor."""
+    cd = run("cd", None, letters=20).stats["lm_calls"]
     # A budget 50 times CD's worst case: only the early rule stops the search.
-    res = run(method, 50.0, **kwargs)
-    assert sum(s.fallback for s in res.samples) >= 4
-    assert all(re.fullmatch("[a-p]{10}[a-d]?", s.text) for s in res.samples)
-    # The search's share (EARLY_RATIO x the 12 tokens of a sample, each of the 5) and CD's
-    # walks, which reuse the prefixes the search asked for.
-    search = 5 * max(EARLY_FLOOR, EARLY_RATIO * 12)
-    assert res.stats["lm_calls"] <= search + 2 * cd
-    # About (EARLY_RATIO + 1) x CD; the pass that crosses the line adds up to its width.
-    assert res.stats["lm_calls"] <= (EARLY_RATIO + 2) * cd
+    res = run(method, 50.0, letters=20, **kwargs)
+    assert sum(s.fallback for s in res.samples) >= 3
+    assert all(re.fullmatch("[a-p]{20}[a-d]?", s.text) for s in res.samples)
+    # Without the early rule the search spends its budget (3 200 calls) or crawls on.
+    late = run(method, 10.0, letters=20, early_handover=None, **kwargs)
+    assert res.stats["lm_calls"] * 2 < late.stats["lm_calls"]
+    if not kwargs and method == "adaptrack":  # every row a walk causes is charged to it
+        # Each walk's share (EARLY_RATIO x CD's 22 calls a sample) and CD's walks.
+        assert EARLY_RATIO * 22 > EARLY_FLOOR
+        assert res.stats["lm_calls"] <= 5 * EARLY_RATIO * 22 + cd
+        assert res.stats["lm_calls"] <= (EARLY_RATIO + 1.5) * cd
 
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
@@ -60,8 +63,8 @@ def test_without_a_budget_the_search_is_not_cut_short(method, kwargs):
 
 def test_the_fallback_says_it_was_the_early_hand_over():
     with pytest.warns(at.SearchFallbackWarning, match="CD's estimated cost"):
-        at.generate(crawl_lm(), [], at.constraints.regex("[a-p]{10}[a-d]?"), n=2, seed=0,
-                    max_new_tokens=12, end="eos", search_budget=50.0)
+        at.generate(crawl_lm(), [], at.constraints.regex("[a-p]{20}[a-d]?"), n=2, seed=0,
+                    max_new_tokens=22, end="eos", search_budget=50.0)
 
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
@@ -90,8 +93,8 @@ def test_a_sample_handed_over_early_is_walked_by_cd_from_the_root(method, kwargs
     """The early hand-over's walks are CD's own: from the root, on each sample's random
     stream, so a sample it hands over is the one the seed gives with method="cd" (a walk
     that wandered far from where CD goes is not finished from there)."""
-    cd = run("cd", None)
-    res = run(method, 50.0, **kwargs)
+    cd = run("cd", None, letters=20)
+    res = run(method, 50.0, letters=20, **kwargs)
     fell = [i for i, s in enumerate(res.samples) if s.fallback]
     assert fell
     assert all(res.samples[i].tokens == cd.samples[i].tokens for i in fell)

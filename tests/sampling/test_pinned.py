@@ -168,21 +168,22 @@ def test_api_name_samples_are_pinned(label, method, kwargs, budget):
 
 
 #: The default early hand-over (early_handover=3) on the regex at search_budget 2: the
-#: searches crawl, so each hands every sample to CD after about 3 x CD's estimated cost,
-#: and CD walks it from the root: the sample CD's own run of the seed gives.
+#: searches crawl, so each hands the samples it has not drawn to CD after about 3 x CD's
+#: estimated cost (at least 48 calls a sample), and CD walks them from the root: the samples
+#: CD's own run of the seed gives.
 PINNED_EARLY: dict[str, object] = {
     'asap': (
         [(14, 4, 3, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 6, 1, 16)],
         '.....', 15),
     'adaptrack': (
-        [(14, 4, 3, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
-        'FFFFF', 90),
+        [(14, 4, 3, 16), (2, 10, 1, 16), (0, 12, 16), (5, 9, 1, 16), (5, 9, 16)],
+        'F..F.', 177),
     'adaptrack_share_q': (
-        [(14, 4, 3, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
-        'FFFFF', 94),
+        [(7, 0, 16), (3, 7, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
+        '..FFF', 483),
     'exact': (
-        [(14, 4, 3, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
-        'FFFFF', 93),
+        [(11, 15, 16), (10, 4, 2, 16), (12, 0, 3, 16), (5, 9, 1, 16), (10, 5, 1, 16)],
+        '.FFFF', 246),
 }
 
 

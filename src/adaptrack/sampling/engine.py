@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..lm.base import LanguageModel
-from .base import BARRIER, Method, Prefetch, Walk
+from .base import BARRIER, Method, Walk
 from .expansion import Expansion
 from .policy import BudgetPolicy
 from .tree import Node, PrefixTree
+from .waits import direct, direct_rows, prefetched, waited
 
 
 @dataclass
@@ -91,33 +92,6 @@ class Request:
 
 # A prefix to expand for a request; True: a chain head whose forced tokens are fed too.
 _Item = tuple["Request", Node, bool]
-
-
-def _waited(waits: object) -> list[Node]:
-    """The prefixes a walk waits for: one node, or a tuple of nodes one call serves (those
-    of a :class:`Prefetch` in it too, after the others: a walk yields it last)."""
-    return _direct(waits) + _prefetched(waits)
-
-
-def _direct(waits: object) -> list[Node]:
-    """The prefixes a walk waits for, those of a :class:`Prefetch` left out."""
-    if isinstance(waits, Node):
-        return [waits]
-    return [n for n in waits if isinstance(n, Node)] if isinstance(waits, tuple) else []
-
-
-def _direct_rows(req: Request, plain: list[Node], heads: list[Node]) -> int:
-    """The rows of a step a walk of ``req`` waits for: those fetched ahead only (width the
-    cost model deems free) left out."""
-    direct = {id(n) for s in req._slots.values() for n in _direct(s.waits)}
-    return sum(id(n) in direct for n in plain) + sum(id(n) in direct for n in heads)
-
-
-def _prefetched(waits: object) -> list[Node]:
-    """The prefixes of the :class:`Prefetch` in what a walk yields."""
-    if not isinstance(waits, tuple):
-        return []
-    return [n for item in waits if isinstance(item, Prefetch) for n in item]
 
 
 class Engine:
@@ -186,12 +160,12 @@ class Engine:
             except Exception as err:  # kept on the request; its owner raises it
                 self._fail(req, err)
                 continue
-            self._fill.update(id(n) for s in req._slots.values() for n in _prefetched(s.waits))
+            self._fill.update(id(n) for s in req._slots.values() for n in prefetched(s.waits))
             waited[id(req)] = nodes
             items += [(req, n, False) for n in plain] + [(req, n, True) for n in heads]
         # A prefix some walk waits for is not only prefetched.
         self._fill.difference_update(id(n) for req in self.requests
-                                     for s in req._slots.values() for n in _direct(s.waits))
+                                     for s in req._slots.values() for n in direct(s.waits))
         self._call(items)
         for req in self.requests:
             if not req.done and id(req) in waited:
@@ -203,29 +177,29 @@ class Engine:
         With a policy's ``share``, a walk past it that needs a model row first goes on as
         the fallback's CD walk, and each searching walk is charged the rows made for it."""
         while True:
-            nodes = [n for s in req._slots.values() for n in _waited(s.waits)]
+            nodes = [n for s in req._slots.values() for n in waited(s.waits)]
             plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
             if req.policy.share is None or req._whole:
-                req.policy.waited(_direct_rows(req, plain, heads))
+                req.policy.waited(direct_rows([s.waits for s in req._slots.values()], plain, heads))
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
             over = [(i, why) for i, s in req._slots.items() if s.searching
                     and (why := req.policy.past_share(s.rows, req.tree)) is not None
-                    and any(id(n) in need for n in _waited(s.waits))]
+                    and any(id(n) in need for n in waited(s.waits))]
             if not over:
                 break
             for i, why in over:
                 self._fall_back_one(req, i, why)
         for s in req._slots.values():
             if s.searching:
-                s.rows += len({id(n) for n in _waited(s.waits)} & need)
+                s.rows += len({id(n) for n in waited(s.waits)} & need)
         return nodes, plain, heads
 
     def _fall_back_one(self, req: Request, i: int, why: BaseException) -> None:
         """Sample ``i``'s walk spent its share (``why``): the fallback's CD walk takes it
         over from the prefix the walk waits for, on the sample's own random stream."""
         slot = req._slots[i]
-        reached = _direct(slot.waits)
+        reached = direct(slot.waits)
         slot.walk.close()
         cd = req.policy.fallback(req.method)
         if req.fell_back is None:
@@ -302,7 +276,7 @@ class Engine:
         """Run the request's walks until each waits for the model or is done."""
         try:
             for i in sorted(req._slots):  # the model answered what these waited for
-                if _waited(req._slots[i].waits):
+                if waited(req._slots[i].waits):
                     self._resume(req, i)
             while True:
                 while (req._redo or req.started < req.n) and len(req._slots) < req.width:
@@ -347,7 +321,7 @@ class Engine:
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:
         missing = sorted(req._slots) + list(range(req.started, req.n))
         # Where each walk in flight had reached: the prefix it waits for (its own first).
-        reached = {i: nodes[0] for i, s in req._slots.items() if (nodes := _direct(s.waits))}
+        reached = {i: nodes[0] for i, s in req._slots.items() if (nodes := direct(s.waits))}
         for slot in req._slots.values():
             slot.walk.close()
         req._slots.clear()

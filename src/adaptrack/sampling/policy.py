@@ -177,7 +177,8 @@ class BudgetPolicy:
         """The early hand-over of samples that share one Q: once the search made
         :meth:`early_calls` a sample for each of the ``n``, it hands the request over unless
         the samples it drew say the rest come within one more CD's cost (the rate at which
-        it draws them). It counts the rows walks waited for (:meth:`waited`). Independent samples hand over one by one (:meth:`past_share`)."""
+        it draws them). It counts the rows walks waited for (:meth:`waited`). Independent
+        samples hand over one by one (:meth:`past_share`)."""
         early = self.early_calls(tree)
         if early is None or self.early is None or self.share is not None:
             return
