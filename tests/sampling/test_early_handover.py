@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 import adaptrack as at
+from adaptrack.sampling.nodes import Node
 from adaptrack.sampling.policy import EARLY_FLOOR, EARLY_RATIO, BudgetPolicy
 from adaptrack.sampling.tree import PrefixTree
 from adaptrack.testing import hashed_weights
@@ -85,6 +86,14 @@ def test_cd_cost_is_estimated_from_the_bound_the_tree_and_the_samples():
     tree.deepest = 4
     assert policy.cd_calls(tree) == 4
     assert policy.early_calls(tree) == EARLY_FLOOR  # 2 x 4 is less than the floor
+    # A finished sample (here CD's) replaces the deepest prefix: a wandering walk reached
+    # deeper than CD goes.
+    tree.deepest = 40
+    node = tree.root
+    for _ in range(4):  # "aaaa": five calls on its path, the root's included
+        node = Node(node, 0, node.state, False, 0.0)
+    policy.sample_done(tree, True, node)
+    assert policy.cd_calls(tree) == 5
     assert BudgetPolicy(fallback_tries=None, early=2.0).early_calls(tree) is None
 
 

@@ -64,7 +64,8 @@ class BudgetPolicy:
         self.early = early if fallback_tries is not None else None
         self._need = 1  # the fewest tokens a valid text takes (the constraint's bound)
         self._waited = 0  # model rows a walk waited for (those fetched ahead left out)
-        self._drawn: list[int] = []  # the calls to each sample the search drew
+        self._drawn = 0  # samples the search drew
+        self._finished: list[int] = []  # the calls to each finished sample, whoever drew it
         #: Model rows each sample's walk may cause (``Request.share``), or None.
         self.share: int | None = None
         self._held: int | None = None  # the whole call budget, while the first sample is due
@@ -130,8 +131,9 @@ class BudgetPolicy:
     def sample_done(self, tree: PrefixTree, fell: bool, node: Node | None = None) -> None:
         """A sample finished at ``node`` (``fell``: the fallback drew it): the first the
         method drew gives the request its whole budget back."""
-        if not fell and node is not None:
-            self._drawn.append(tree.calls_to(node))
+        if node is not None:
+            self._finished.append(tree.calls_to(node))
+        self._drawn += not fell
         if self._held is not None and not fell and tree.max_calls is not None:
             tree.max_calls, self._held = self._held, None
             tree.budgets.calls_rule = CALLS_RULE
@@ -145,9 +147,11 @@ class BudgetPolicy:
             self.check_search(tree)
 
     def cd_calls(self, tree: PrefixTree) -> float:
-        """CD's estimated model calls for one sample of ``tree``'s request: the largest of the
-        constraint's bound in tokens, the calls to the deepest prefix the model evaluated
-        and those to the samples the search drew, on average (``PrefixTree.calls_to``).
+        """CD's estimated model calls for one sample of ``tree``'s request: the larger of the
+        constraint's bound in tokens and the calls to the samples that finished, on average
+        (``PrefixTree.calls_to``; those the fallback drew are CD's own), or before any did,
+        to the deepest prefix the model evaluated (which a walk that wanders deep into a
+        string CD would not write makes too large, so a finished sample replaces it).
 
         >>> import adaptrack as at
         >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -156,8 +160,8 @@ class BudgetPolicy:
         >>> policy.cd_calls(tree)    # a a a a <eos>
         5.0
         """
-        drawn = sum(self._drawn) / len(self._drawn) if self._drawn else 0.0
-        return float(max(self._need, tree.deepest, drawn))
+        done = self._finished
+        return float(max(self._need, sum(done) / len(done) if done else tree.deepest))
 
     def early_calls(self, tree: PrefixTree) -> int | None:
         """The model calls a sample's search may make before the early hand-over (None: no
@@ -182,7 +186,7 @@ class BudgetPolicy:
         early = self.early_calls(tree)
         if early is None or self.early is None or self.share is not None:
             return
-        spent, drawn = self._waited, len(self._drawn)
+        spent, drawn = self._waited, self._drawn
         if spent < early * self.n:
             return
         cd = self.cd_calls(tree) * self.n
