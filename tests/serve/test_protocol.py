@@ -224,3 +224,6 @@ def test_request_builds_its_sampling_options():
     plain = CompletionRequest(prompt="a").to_sampling_options(4)
     assert plain == at.SamplingOptions(method="unconstrained", max_new_tokens=4)
     assert CompletionRequest(prompt="a", fallback="none").to_sampling_options(4).fallback is None
+    late = CompletionRequest(prompt="a", early_handover=5).to_sampling_options(4)
+    assert late.early_handover == 5
+    assert plain.early_handover == at.SamplingOptions().early_handover == 3
