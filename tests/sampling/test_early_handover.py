@@ -77,24 +77,19 @@ def test_a_search_that_draws_its_samples_keeps_them(method, kwargs):
     assert not any(s.fallback for s in res.samples)
 
 
-def test_cd_cost_is_estimated_from_the_bound_the_tree_and_the_samples():
+def test_cd_cost_is_estimated_from_the_bound_and_the_samples():
     lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
     tree = PrefixTree([], at.constraints.choice(["aaaa", "ab"]).bind(lm.vocab))
     policy = BudgetPolicy(fallback_tries=4, early=2.0)
     policy.bind(tree)
-    assert policy.cd_calls(tree) == 3  # "ab" and its EOS
-    tree.deepest = 4
-    assert policy.cd_calls(tree) == 4
-    assert policy.early_calls(tree) == EARLY_FLOOR  # 2 x 4 is less than the floor
-    # A finished sample (here CD's) replaces the deepest prefix: a wandering walk reached
-    # deeper than CD goes.
-    tree.deepest = 40
+    assert policy.cd_calls() == 3  # "ab" and its EOS
+    assert policy.early_calls() == EARLY_FLOOR  # 2 x 3 is less than the floor
     node = tree.root
     for _ in range(4):  # "aaaa": five calls on its path, the root's included
         node = Node(node, 0, node.state, False, 0.0)
-    policy.sample_done(tree, True, node)
-    assert policy.cd_calls(tree) == 5
-    assert BudgetPolicy(fallback_tries=None, early=2.0).early_calls(tree) is None
+    policy.sample_done(tree, True, node)  # a finished sample, here CD's, says more
+    assert policy.cd_calls() == 5
+    assert BudgetPolicy(fallback_tries=None, early=2.0).early_calls() is None
 
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)

@@ -33,7 +33,7 @@ from .base import BARRIER, Method, Walk
 from .expansion import Expansion
 from .policy import BudgetPolicy
 from .tree import Node, PrefixTree
-from .waits import direct, direct_rows, prefetched, waited
+from .waits import direct, prefetched, waited
 
 
 @dataclass
@@ -83,6 +83,7 @@ class Request:
     #: whatever else they carried.
     passes: int = 0
     _whole: bool = False  # the fallback took over the whole request
+    _used: int = 0  # prefixes the finished walks used (their ``seen``)
     _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
@@ -180,11 +181,11 @@ class Engine:
             nodes = [n for s in req._slots.values() for n in waited(s.waits)]
             plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
             if req.policy.share is None or req._whole:
-                req.policy.waited(direct_rows([s.waits for s in req._slots.values()], plain, heads))
+                req.policy.used(req._used + sum(len(s.seen) for s in req._slots.values()))
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
             over = [(i, why) for i, s in req._slots.items() if s.searching
-                    and (why := req.policy.past_share(s.rows, req.tree)) is not None
+                    and (why := req.policy.past_share(s.rows, len(s.seen))) is not None
                     and any(id(n) in need for n in waited(s.waits))]
             if not over:
                 break
@@ -315,6 +316,7 @@ class Engine:
             slot.waits = next(slot.walk)
         except StopIteration as stop:
             del req._slots[i]
+            req._used += len(slot.seen)
             req.policy.sample_done(req.tree, i in req.fallen, stop.value)
             req.on_done(i, stop.value, len(slot.seen))
 

@@ -63,7 +63,7 @@ class BudgetPolicy:
         #: The early hand-over's ratio to CD's estimated cost (None: only the budget).
         self.early = early if fallback_tries is not None else None
         self._need = 1  # the fewest tokens a valid text takes (the constraint's bound)
-        self._waited = 0  # model rows a walk waited for (those fetched ahead left out)
+        self._used = 0  # prefixes the request's walks used (their ``seen``)
         self._drawn = 0  # samples the search drew
         self._finished: list[int] = []  # the calls to each finished sample, whoever drew it
         #: Model rows each sample's walk may cause (``Request.share``), or None.
@@ -146,68 +146,68 @@ class BudgetPolicy:
         if self.searching:
             self.check_search(tree)
 
-    def cd_calls(self, tree: PrefixTree) -> float:
-        """CD's estimated model calls for one sample of ``tree``'s request: the larger of the
+    def cd_calls(self) -> float:
+        """CD's estimated model calls for one sample of the request: the larger of the
         constraint's bound in tokens and the calls to the samples that finished, on average
-        (``PrefixTree.calls_to``; those the fallback drew are CD's own), or before any did,
-        to the deepest prefix the model evaluated (which a walk that wanders deep into a
-        string CD would not write makes too large, so a finished sample replaces it).
+        (``PrefixTree.calls_to``; those the fallback drew are CD's own). Neither depends on
+        what an earlier request left in a reused tree, so neither does the hand-over.
 
         >>> import adaptrack as at
         >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
         >>> tree = PrefixTree([], at.constraints.choice(["aaaa"]).bind(lm.vocab))
         >>> policy = BudgetPolicy(fallback_tries=4, early=2.0); policy.bind(tree)
-        >>> policy.cd_calls(tree)    # a a a a <eos>
+        >>> policy.cd_calls()    # a a a a <eos>
         5.0
         """
         done = self._finished
-        return float(max(self._need, sum(done) / len(done) if done else tree.deepest))
+        return float(max(self._need, sum(done) / len(done) if done else 0))
 
-    def early_calls(self, tree: PrefixTree) -> int | None:
-        """The model calls a sample's search may make before the early hand-over (None: no
+    def early_calls(self) -> int | None:
+        """The prefixes a sample's search may use before the early hand-over (None: no
         early hand-over): :data:`EARLY_RATIO` x :meth:`cd_calls`, at least
         :data:`EARLY_FLOOR`."""
         if self.early is None:
             return None
-        return max(EARLY_FLOOR, math.ceil(self.early * self.cd_calls(tree)))
+        return max(EARLY_FLOOR, math.ceil(self.early * self.cd_calls()))
 
-    def waited(self, rows: int) -> None:
-        """The engine counts the model rows of a step that a walk waits for: what the early
-        hand-over of a shared Q charges (rows fetched ahead cost little more in the same
-        pass, and the width that fetches them is the cost model's to set)."""
-        self._waited += rows
+    def used(self, prefixes: int) -> None:
+        """The engine says how many prefixes the request's walks have used so far (the
+        paper's LM calls: each walk's ``seen``), what the early hand-over of a shared Q
+        charges: unlike the model rows, the same whatever a reused tree had cached."""
+        self._used = prefixes
 
     def check_search(self, tree: PrefixTree) -> None:
-        """The early hand-over of samples that share one Q: once the search made
-        :meth:`early_calls` a sample for each of the ``n``, it hands the request over unless
-        the samples it drew say the rest come within one more CD's cost (the rate at which
-        it draws them). It counts the rows walks waited for (:meth:`waited`). Independent
-        samples hand over one by one (:meth:`past_share`)."""
-        early = self.early_calls(tree)
+        """The early hand-over of samples that share one Q: once the search used
+        :meth:`early_calls` prefixes a sample for each of the ``n``, it hands the request
+        over unless the samples it drew say the rest come within one more CD's cost (the
+        rate at which it draws them). Independent samples hand over one by one
+        (:meth:`past_share`)."""
+        early = self.early_calls()
         if early is None or self.early is None or self.share is not None:
             return
-        spent, drawn = self._waited, self._drawn
+        spent, drawn = self._used, self._drawn
         if spent < early * self.n:
             return
-        cd = self.cd_calls(tree) * self.n
+        cd = self.cd_calls() * self.n
         if drawn and spent * self.n / drawn <= (self.early + 1) * cd:
             return
         raise EarlyHandover(
-            f"the search made {spent} model calls and drew {drawn} of {self.n} samples, "
+            f"the search used {spent} prefixes and drew {drawn} of {self.n} samples, "
             f"past {self.early:g} x CD's estimated cost ({math.ceil(cd)} calls); CD draws "
             "the rest (early_handover; None to search on to the budget)")
 
-    def past_share(self, rows: int, tree: PrefixTree | None = None) -> CallLimitError | None:
-        """Why a sample's walk that caused ``rows`` model rows and needs one more hands over
-        to the fallback, or None while it may go on: its share of the budget, or with
-        ``tree`` the early hand-over (:meth:`early_calls`)."""
+    def past_share(self, rows: int, used: int | None = None) -> CallLimitError | None:
+        """Why a sample's walk that caused ``rows`` model rows and used ``used`` prefixes
+        (its ``seen``), and needs one more row, hands over to the fallback, or None while it
+        may go on: its share of the budget in rows, or the early hand-over in prefixes used
+        (:meth:`early_calls`)."""
         if self.share is None:
             return None
-        early = None if tree is None else self.early_calls(tree)
-        if tree is not None and early is not None and early < self.share and rows >= early:
+        early = None if used is None else self.early_calls()
+        if used is not None and early is not None and early < self.share and used >= early:
             return EarlyHandover(
-                f"a sample's walk made {rows} model calls, {self.early:g} x CD's estimated "
-                f"cost of a sample ({math.ceil(self.cd_calls(tree))} calls); CD draws it "
+                f"a sample's walk used {used} prefixes, {self.early:g} x CD's estimated "
+                f"cost of a sample ({math.ceil(self.cd_calls())} calls); CD draws it "
                 "(early_handover; None to search on to the budget)")
         if rows < self.share:
             return None

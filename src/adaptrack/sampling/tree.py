@@ -66,9 +66,6 @@ class PrefixTree:
         self.max_new_tokens, self.top_p, self.leave = o.max_new_tokens, o.top_p, o.leave
         self.allow_truncated, self.restrict_length = o.allow_truncated, o.restricted
         self.lm_calls = 0
-        #: The most model calls on the path to a prefix the model has evaluated
-        #: (:meth:`calls_to`): how far the walks reached, in what CD would pay to get there.
-        self.deepest = 0
         self.budgets = Budgets(max_nodes=o.max_nodes, max_opened_bytes=o.max_opened_bytes,
                                max_seconds=o.max_seconds, max_calls=o.max_calls)
         start = matcher.start()
@@ -210,8 +207,6 @@ class PrefixTree:
         return calls
 
     def _keep(self, node: Node, logprobs: np.ndarray) -> Expansion:
-        if node.depth >= self.deepest:  # fewer tokens than that cannot hold more calls
-            self.deepest = max(self.deepest, self.calls_to(node))
         expansion = self.expander.expansion(node, logprobs)
         self.nodes.keep(node, expansion)
         return expansion

@@ -12,12 +12,10 @@ fetches ahead last. The engine reads these to plan its calls and charge its budg
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .base import Prefetch
 from .nodes import Node
 
-__all__ = ["direct", "direct_rows", "prefetched", "waited"]
+__all__ = ["direct", "prefetched", "waited"]
 
 
 def waited(waits: object) -> list[Node]:
@@ -31,14 +29,6 @@ def direct(waits: object) -> list[Node]:
     if isinstance(waits, Node):
         return [waits]
     return [n for n in waits if isinstance(n, Node)] if isinstance(waits, tuple) else []
-
-
-def direct_rows(waits: Sequence[object], plain: Sequence[Node], heads: Sequence[Node]) -> int:
-    """The rows of a step (``plain`` and ``heads``, the tree's plan) that one of the walks
-    waiting on ``waits`` waits for itself: those only fetched ahead (width the cost model
-    deems cheap) left out."""
-    ids = {id(n) for w in waits for n in direct(w)}
-    return sum(id(n) in ids for n in plain) + sum(id(n) in ids for n in heads)
 
 
 def prefetched(waits: object) -> list[Node]:
