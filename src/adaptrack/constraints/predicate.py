@@ -54,6 +54,11 @@ class Predicate(Constraint):
     ``SearchTimeoutError``; no fallback draws past it): a check that always times out
     would otherwise be asked about every token at every prefix.
 
+    ``is_complete`` is asked only of whole texts, so CD cannot steer towards it and walks
+    into dead ends a search learns to avoid: give a search over a predicate its budget
+    (``early_handover=None``; the early hand-over would give such a request to CD, whose
+    samples here are often incomplete).
+
     A ``timeout`` that is not a number (``"1"``, ``True``) is a TypeError; zero, negative,
     NaN or infinite a ValueError (pass ``None`` for no limit). ``max_timeouts`` takes an int
     >= 1 or ``None``, checked the same way.
@@ -66,7 +71,8 @@ class Predicate(Constraint):
     >>> lm = at.TableLM([b"1", b"2", b"+", b"<eos>"], lambda p: [1, 1, 1, 1], eos=3)
     >>> sums = predicate(lambda t: "++" not in t and not t.startswith("+"),
     ...                  lambda t: t[-1:].isdigit() and eval(t) == 4)
-    >>> res = at.generate(lm, [], sums, method="exact", n=20, seed=2, max_new_tokens=8)
+    >>> res = at.generate(lm, [], sums, method="exact", n=20, seed=2, max_new_tokens=8,
+    ...                   early_handover=None)
     >>> sorted(set(res.texts)), res.stats["check_timeouts"]
     (['1+1+2', '2+1+1', '2+2'], 0)
     """
