@@ -83,7 +83,6 @@ class Request:
     #: whatever else they carried.
     passes: int = 0
     _whole: bool = False  # the fallback took over the whole request
-    _used: int = 0  # prefixes the finished walks used (their ``seen``)
     _redo: list[int] = field(default_factory=list)
     _streams: list[np.random.SeedSequence] = field(default_factory=list)
     _slots: dict[int, _Slot] = field(default_factory=dict)
@@ -181,7 +180,7 @@ class Engine:
             nodes = [n for s in req._slots.values() for n in waited(s.waits)]
             plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
             if req.policy.share is None or req._whole:
-                req.policy.used(req._used + sum(len(s.seen) for s in req._slots.values()))
+                req.policy.used(sum(len(s.seen) for s in req._slots.values()))
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
             over = [(i, why) for i, s in req._slots.items() if s.searching
@@ -316,8 +315,7 @@ class Engine:
             slot.waits = next(slot.walk)
         except StopIteration as stop:
             del req._slots[i]
-            req._used += len(slot.seen)
-            req.policy.sample_done(req.tree, i in req.fallen, stop.value)
+            req.policy.sample_done(req.tree, i in req.fallen, stop.value, len(slot.seen))
             req.on_done(i, stop.value, len(slot.seen))
 
     def _fail(self, req: Request, err: BaseException, *, fall_back: bool = True) -> None:

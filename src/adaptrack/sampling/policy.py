@@ -37,8 +37,8 @@ SEARCH_TOKENS = 64
 #: would spend on its samples hands them to CD, so a request whose search cannot finish costs
 #: about (EARLY_RATIO + 1) x CD in all instead of its whole budget and CD on top.
 EARLY_RATIO = 3.0
-#: The early hand-over never comes before a sample's search made this many model calls: CD's
-#: cost is estimated from how deep the search reached, which is little at the start.
+#: The early hand-over never comes before a sample's search used this many prefixes: below
+#: it, exact at n = 1 handed a quarter of the toy no_ab problem's samples to CD.
 EARLY_FLOOR = 48
 
 
@@ -64,6 +64,7 @@ class BudgetPolicy:
         self.early = early if fallback_tries is not None else None
         self._need = 1  # the fewest tokens a valid text takes (the constraint's bound)
         self._used = 0  # prefixes the request's walks used (their ``seen``)
+        self._used_done = 0  # those of the walks that finished
         self._drawn = 0  # samples the search drew
         self._finished: list[int] = []  # the calls to each finished sample, whoever drew it
         #: Model rows each sample's walk may cause (``Request.share``), or None.
@@ -128,9 +129,12 @@ class BudgetPolicy:
             tree.max_calls = held - whole + math.ceil(calls * (self.n + 1) / 2)
             tree.budgets.calls_rule = FIRST_SAMPLE_RULE
 
-    def sample_done(self, tree: PrefixTree, fell: bool, node: Node | None = None) -> None:
-        """A sample finished at ``node`` (``fell``: the fallback drew it): the first the
-        method drew gives the request its whole budget back."""
+    def sample_done(self, tree: PrefixTree, fell: bool, node: Node | None = None,
+                    used: int = 0) -> None:
+        """A sample finished at ``node`` (``fell``: the fallback drew it), its walk having
+        used ``used`` prefixes: the first the method drew gives the request its whole budget
+        back."""
+        self._used_done += used
         if node is not None:
             self._finished.append(tree.calls_to(node))
         self._drawn += not fell
@@ -170,11 +174,12 @@ class BudgetPolicy:
             return None
         return max(EARLY_FLOOR, math.ceil(self.early * self.cd_calls()))
 
-    def used(self, prefixes: int) -> None:
-        """The engine says how many prefixes the request's walks have used so far (the
-        paper's LM calls: each walk's ``seen``), what the early hand-over of a shared Q
-        charges: unlike the model rows, the same whatever a reused tree had cached."""
-        self._used = prefixes
+    def used(self, in_flight: int) -> None:
+        """The engine says how many prefixes the request's walks in flight have used (the
+        paper's LM calls: each walk's ``seen``); with the finished walks' (:meth:`sample_done`)
+        that is what the early hand-over of a shared Q charges: unlike the model rows, the
+        same whatever a reused tree had cached."""
+        self._used = self._used_done + in_flight
 
     def check_search(self, tree: PrefixTree) -> None:
         """The early hand-over of samples that share one Q: once the search used
