@@ -99,3 +99,33 @@ def test_a_sample_handed_over_early_is_walked_by_cd_from_the_root(method, kwargs
     fell = [i for i, s in enumerate(res.samples) if s.fallback]
     assert fell
     assert all(res.samples[i].tokens == cd.samples[i].tokens for i in fell)
+
+
+def chained_lm() -> at.TableLM:
+    """A letter, then "xy" forced: one token canonically, or "x" and "y". EOS is rare after
+    a letter, so under end="eos" the searches crawl and hand over early."""
+    vocab = [*LETTERS, b"x", b"y", b"xy", b"<eos>"]
+    weights = hashed_weights(len(vocab) - 1, b"chains")
+    return at.TableLM(vocab, lambda prefix: [*weights(prefix), 0.05 if prefix else 0.0],
+                      eos=len(vocab) - 1)
+
+
+@pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
+def test_a_sample_handed_over_early_is_cds_own(method, kwargs):
+    """The fallback walks the search's tree, where a forced chain is only prefilled and
+    "x" "y" stays valid beside "xy"; it follows the canonical token as cd's own tree forces
+    it, so each sample it draws from the root is the one cd draws with that seed, at the
+    model calls cd makes for it."""
+    pattern = at.constraints.regex("([a-p]xy){8}")
+    kw = dict(n=5, seed=0, max_new_tokens=30, end="eos")
+    cd = at.generate(chained_lm(), [], pattern, method="cd", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.SearchFallbackWarning)
+        res = at.generate(chained_lm(), [], pattern, method=method, search_budget=50.0,
+                          **kw, **kwargs)
+    fell = [i for i, s in enumerate(res.samples) if s.fallback]
+    assert len(fell) >= 3
+    assert [res.samples[i].tokens for i in fell] == [cd.samples[i].tokens for i in fell]
+    assert all(len(s.tokens) == 17 for s in cd.samples)  # 8 letters, 8 "xy", EOS
+    calls = sum(s.lm_requests for s in cd.samples)
+    assert sum(res.samples[i].lm_requests for i in fell) <= calls

@@ -272,3 +272,17 @@ def test_forced_bytes_the_tokenizer_cannot_encode_get_no_chain_and_change_nothin
                                                           force=True))
     assert dist == at.exact_distribution(CountingLM(), [], LONG, max_new_tokens=8,
                                          fast_forward=False)
+
+
+def test_a_chain_is_fed_whole_where_asked_though_not_eager() -> None:
+    """``plan(eager=False)`` leaves a chain's head a plain prefix (a search walk may leave
+    it); the fallback's CD walks, named in ``eager_for``, feed the chain at once as cd
+    does."""
+    lm = CountingLM()
+    tree = PrefixTree([], LONG.bind(lm.vocab),
+                      TreeOptions(max_new_tokens=8, fast_forward=FastForward(force=False)),
+                      tokenizer=Tokenizer.for_model(lm))
+    root = tree.root
+    assert tree.plan([root], eager=False) == ([root], [])
+    assert tree.plan([root], eager=False, eager_for=[root]) == ([], [root])
+    assert tree.plan([root]) == ([], [root])

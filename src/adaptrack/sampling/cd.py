@@ -16,6 +16,13 @@ whose search walk was in flight begins where that walk had reached (``start``), 
 start there again (fewer than ``tries`` once every way on from it met a dead end), then
 from the root, as the others do. With ``tries=1`` (the paper's CD) the first dead end is
 the sample.
+
+The fallback also follows forced chains as a forcing tree would (``canonical``): the
+searches' tree only prefills them (every tokenization of forced bytes stays valid, docs/design.md
+§2), and a CD walk there wanders into other tokenizations, each a model call and a different
+text. Following the canonical token instead, a sample the fallback draws from the root on
+its own random stream is the sample ``cd`` draws with that seed, at ``cd``'s cost, until
+``cd`` would stop at a dead end.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 
 from .base import Method, Walk
 from .draw import argmax, draw
+from .expansion import Expansion
 from .tree import Node, PrefixTree
 
 #: A walk's steps past dead ends, in units of max_new_tokens + 1: its way down, its steps
@@ -46,11 +54,14 @@ class ConstrainedDecoding(Method):
 
     forces_chains = True  # CD conditions on its own path anyway: take the fewest calls
 
-    def __init__(self, tree: PrefixTree, greedy: bool, *, tries: int = 1) -> None:
+    def __init__(self, tree: PrefixTree, greedy: bool, *, tries: int = 1,
+                 canonical: bool = False) -> None:
         """CD over ``tree``; ``greedy``: take the argmax (temperature 0); ``tries``: walks a
-        sample may take past dead ends (1: the paper's CD)."""
+        sample may take past dead ends (1: the paper's CD); ``canonical``: where a forced
+        chain goes on, its canonical token alone, as on a tree that forces chains (the
+        fallback's walks; module docstring)."""
         super().__init__(tree, greedy)
-        self.tries = tries
+        self.tries, self.canonical = tries, canonical
 
     def walk(self, seen: set[int], rng: np.random.Generator, *,
              start: Node | None = None) -> Walk:
@@ -66,12 +77,13 @@ class ConstrainedDecoding(Method):
                 self.used(seen, node)
                 if len(exp.ids) == 0 and node is root:
                     raise self.empty_language()
-                # P_con(s_i | s_<i) ∝ P(s_i | s_<i) over the valid tokens exp.ids
+                # P_con(s_i | s_<i) ∝ P(s_i | s_<i) over the valid tokens ids
+                ids, p = self._choices(node, exp) if self.canonical else (exp.ids, exp.p)
                 met = dead.get(id(node))
-                p = exp.p if met is None else np.where(np.isin(exp.ids, list(met)), 0.0, exp.p)
-                if len(exp.ids) and p.any():
+                p = p if met is None else np.where(np.isin(ids, list(met)), 0.0, p)
+                if len(ids) and p.any():
                     i = argmax(p) if self.greedy else draw(p, rng)
-                    node = tree.child(node, int(exp.ids[i]))
+                    node = tree.child(node, int(ids[i]))
                     left = None if left is None else left - 1
                     continue
                 # A dead end: incomplete, marked as such if the last try. Past one (the
@@ -95,3 +107,13 @@ class ConstrainedDecoding(Method):
             if begin is not root and (node is begin or failed == self.tries):
                 begin, failed = root, 0  # the prefix reached is spent: the root's tries
         return end
+
+    def _choices(self, node: Node, exp: Expansion) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens a ``canonical`` walk chooses from after ``node`` and their weights: a
+        forced chain's next token alone where the chain goes on and the token is valid
+        (where top-p dropped it, the valid tokens kept), else every valid token."""
+        chain = self.tree.chains.pending(node)
+        if chain and exp.is_valid(chain[0]):
+            i = exp.index(chain[0])
+            return exp.ids[i:i + 1], exp.p[i:i + 1]
+        return exp.ids, exp.p

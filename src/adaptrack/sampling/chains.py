@@ -5,7 +5,7 @@ what such a call gives every prefix along the chain. The mechanism that finds th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -81,14 +81,16 @@ class Chains:
             node.pending = tokens
         return node.pending
 
-    def split(self, todo: list[Node], *, eager: bool = True) -> tuple[list[Node], list[Node]]:
+    def split(self, todo: list[Node], *, eager: bool = True,
+              always: Collection[int] = ()) -> tuple[list[Node], list[Node]]:
         """``(plain, heads)``: the prefixes of ``todo`` that need one distribution each, and
         the chain heads that feed their forced tokens in one call each. ``eager=False``
-        feeds a chain only once a walk has stepped into it (``PrefixTree.plan``)."""
+        feeds a chain only once a walk has stepped into it (``PrefixTree.plan``), except
+        at the prefixes whose ids are in ``always``."""
         plain: list[Node] = []
         heads: list[Node] = []
         for node in todo:
-            if self.pending(node) and (eager or _inside_chain(node)):
+            if self.pending(node) and (eager or id(node) in always or _inside_chain(node)):
                 heads.append(node)
             else:
                 plain.append(node)

@@ -178,7 +178,9 @@ class Engine:
         the fallback's CD walk, and each searching walk is charged the rows made for it."""
         while True:
             nodes = [n for s in req._slots.values() for n in waited(s.waits)]
-            plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains)
+            # The fallback's CD walks feed a chain whole, as cd does on its own tree.
+            cd = [n for s in req._slots.values() if not s.searching for n in waited(s.waits)]
+            plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains, eager_for=cd)
             if req.policy.share is None or req._whole:
                 req.policy.used(sum(len(s.seen) for s in req._slots.values()))
                 return nodes, plain, heads

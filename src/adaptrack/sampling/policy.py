@@ -264,4 +264,5 @@ class BudgetPolicy:
 
     def _new_cd(self, method: Method) -> ConstrainedDecoding:
         assert self.fallback_tries is not None
-        return ConstrainedDecoding(method.tree, method.greedy, tries=self.fallback_tries)
+        return ConstrainedDecoding(method.tree, method.greedy, tries=self.fallback_tries,
+                                   canonical=True)

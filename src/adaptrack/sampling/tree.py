@@ -160,7 +160,8 @@ class PrefixTree:
         ``SearchTimeoutError`` once ``max_seconds`` have passed."""
         self.budgets.check_spent(self.nodes.count, self.lm_calls)
 
-    def plan(self, nodes: list[Node], *, eager: bool = True) -> tuple[list[Node], list[Node]]:
+    def plan(self, nodes: list[Node], *, eager: bool = True,
+             eager_for: Sequence[Node] = ()) -> tuple[list[Node], list[Node]]:
         """What the model must say for ``nodes`` to have expansions: ``(plain, heads)``, the
         prefixes that need one distribution each and the chain heads whose forced tokens
         are fed in one call each (docs/design.md §2, fast-forward). Prefixes at the length
@@ -170,12 +171,14 @@ class PrefixTree:
         one distribution (when forced, the forced token is then its only valid one), and
         the first node inside the chain feeds the rest. A walk that leaves the head (AdapTrack's
         backtracking, a rejected ``exact`` attempt) then prefills nothing it does not use.
+        The prefixes of ``eager_for`` feed theirs at once whatever ``eager`` says.
         """
         todo = list({id(n): n for n in nodes if n.expansion is None}.values())
         for node in todo:
             if self.expander.dead(node):  # nothing valid may follow: no model call
                 node.expansion = Expansion(np.zeros(0), np.empty(0, dtype=np.int64))
-        return self.chains.split([n for n in todo if n.expansion is None], eager=eager)
+        return self.chains.split([n for n in todo if n.expansion is None], eager=eager,
+                                 always={id(n) for n in eager_for})
 
     def store(self, nodes: list[Node], logprobs: np.ndarray) -> None:
         """Keep the expansions of ``nodes`` (``plan``'s plain list) from the model's rows."""
