@@ -55,9 +55,9 @@ class Predicate(Constraint):
     would otherwise be asked about every token at every prefix.
 
     ``is_complete`` is asked only of whole texts, so CD cannot steer towards it and walks
-    into dead ends a search learns to avoid: give a search over a predicate its budget
-    (``early_handover=None``; the early hand-over would give such a request to CD, whose
-    samples here are often incomplete).
+    into dead ends a search learns to avoid: a search over a predicate (a lazy matcher)
+    keeps its whole budget, with no early hand-over to CD, whose samples here are often
+    incomplete.
 
     A ``timeout`` that is not a number (``"1"``, ``True``) is a TypeError; zero, negative,
     NaN or infinite a ValueError (pass ``None`` for no limit). ``max_timeouts`` takes an int
@@ -71,10 +71,9 @@ class Predicate(Constraint):
     >>> lm = at.TableLM([b"1", b"2", b"+", b"<eos>"], lambda p: [1, 1, 1, 1], eos=3)
     >>> sums = predicate(lambda t: "++" not in t and not t.startswith("+"),
     ...                  lambda t: t[-1:].isdigit() and eval(t) == 4)
-    >>> res = at.generate(lm, [], sums, method="exact", n=20, seed=2, max_new_tokens=8,
-    ...                   early_handover=None)
-    >>> sorted(set(res.texts)), res.stats["check_timeouts"]
-    (['1+1+2', '2+1+1', '2+2'], 0)
+    >>> res = at.generate(lm, [], sums, method="exact", n=20, seed=2, max_new_tokens=8)
+    >>> sorted(set(res.texts)), res.stats["check_timeouts"], res.stats["fallback_samples"]
+    (['1+1+2', '2+1+1', '2+2'], 0, 0)
     """
 
     def __init__(

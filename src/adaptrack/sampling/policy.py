@@ -107,10 +107,14 @@ class BudgetPolicy:
 
     def bind(self, tree: PrefixTree) -> None:
         """Give ``tree`` the request's call budget on top of the calls it already made (a
-        tree reused from an earlier call)."""
+        tree reused from an earlier call); over a lazy constraint, no early hand-over."""
         calls = self.max_calls
         tree.max_calls = None if calls is None else tree.lm_calls + calls
         self._need = max(1, int(getattr(tree.matcher, "min_new_tokens", lambda: 1)()))
+        if tree.matcher.lazy:
+            # A lazy constraint (a predicate, python()) tells CD no dead end ahead: CD's
+            # samples there are often incomplete, so the search keeps its whole budget.
+            self.early = None
 
     def start(self, method: Method) -> None:
         """The request starts: with the fallback, a sample's share replaces the request's
