@@ -987,3 +987,12 @@ def test_a_json_schema_sampled_by_adaptrack_on_the_default_model(default_model):
     person = json.loads(r.choices[0].message.content)
     assert set(person) == {"name", "age"} and 0 <= person["age"] <= 120
     assert stats(r)["method"] == "adaptrack" and r.choices[0].finish_reason == "stop"
+
+
+def test_the_row_cost_is_timed_at_start_up_not_in_a_request():
+    """A search's width comes from the model's row cost, timed once: at start-up, so that
+    the first ``exact`` request does not pay for it."""
+    lm = toy_lm()
+    lm.row_cost = None  # as a model that does not declare it
+    with serving(lm):
+        assert lm.row_cost is not None and lm.row_cost >= 0

@@ -133,9 +133,10 @@ class Server:
     # -- life --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Build what requests share once (the token trie, llguidance's tokenizer), then
-        start the engine thread."""
+        """Build what requests share once (the token trie, llguidance's tokenizer, the
+        model's row cost a search's width comes from), then start the engine thread."""
         _ = self.lm.vocab.trie
+        self.lm.measured_row_cost()  # timed here (about a second), not in a request
         with contextlib.suppress(Exception):  # a model without a text token: nothing to warm
             first = int(self.lm.vocab.text_ids[0])
             prepare(self.lm, [first], constraints.json_schema({"type": "object"}),
