@@ -697,6 +697,10 @@ def test_a_request_sets_its_own_call_budget(toy):
     assert status == 200 and out["adaptrack"]["fallback_choices"] == [0, 1], out
     # No sample by the first one's due: 0.01 x 64 x (2 + 1) / 2 calls (of 0.01 x 2 x 64).
     assert "max_calls=1 (no sample yet" in out["adaptrack"]["fallback"]
+    # Without the fallback the spent call budget is the request's error, as a node budget's.
+    status, out = post(url, "/v1/completions", {**body, "search_budget": 0.01,
+                                                "fallback": "none"})
+    assert status == 422 and out["error"]["code"] == "search_limit", out
     status, out = post(url, "/v1/completions", body)  # the library's default: 3
     assert status == 200 and out["adaptrack"]["fallback"] is None
 

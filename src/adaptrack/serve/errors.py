@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import (
     AdaptrackError,
+    CallLimitError,
     GrammarError,
     JSONDepthError,
     NoValidSequenceError,
@@ -82,10 +83,14 @@ def show(value: Any, limit: int = 60) -> str:
 def error_for(err: BaseException, param: str | None = None) -> APIError:
     """The HTTP answer to an exception the library raised (docs/design.md §6): bad input is
     400 (an empty language within ``max_tokens`` too: the request as sent has no answer), a
-    search past its node budget 422, a search past its time 504, anything else 500.
+    search past its node or call budget 422 (the same request meets it again), a search
+    past its time 504, anything else 500.
 
     >>> error_for(NoValidSequenceError("no valid sequence"), "guided_regex").status
     400
+    >>> err = error_for(CallLimitError("the search made 2 model calls"))
+    >>> err.status, err.body()["error"]["code"]
+    (422, 'search_limit')
     """
     if isinstance(err, APIError):
         return err
@@ -94,7 +99,7 @@ def error_for(err: BaseException, param: str | None = None) -> APIError:
         return APIError(400, message, param=param, code="no_valid_sequence")
     if isinstance(err, SearchTimeoutError):
         return APIError(504, message, code="timeout")
-    if isinstance(err, TreeLimitError):
+    if isinstance(err, TreeLimitError | CallLimitError):
         return APIError(422, message, param=param, code="search_limit")
     if isinstance(err, PromptTooLongError):
         return APIError(400, message, param=param, code="context_length_exceeded")
