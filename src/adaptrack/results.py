@@ -18,9 +18,10 @@ class FreeTextWarning(UserWarning):
 
 
 class SearchFallbackWarning(UserWarning):
-    """A search ran past a budget and CD drew its missing samples (``fallback="cd"``):
-    those samples follow CD from where the search left them, not the method's
-    distribution (``Sample.fallback``)."""
+    """A search ran past a budget, or handed over early, and CD drew its missing samples
+    (``fallback="cd"``): those samples follow CD (from the root after an early hand-over,
+    each the sample ``cd`` draws with that seed; else from where the search left them), not
+    the method's distribution (``Sample.fallback``)."""
 
 
 @dataclass(frozen=True)
