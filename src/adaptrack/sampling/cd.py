@@ -113,7 +113,8 @@ class ConstrainedDecoding(Method):
         forced chain's next token alone where the chain goes on and the token is valid
         (where top-p dropped it, the valid tokens kept), else every valid token."""
         chain = self.tree.chains.pending(node)
-        if chain and exp.is_valid(chain[0]):
-            i = exp.index(chain[0])
-            return exp.ids[i:i + 1], exp.p[i:i + 1]
+        if chain:
+            i = exp.index(chain[0])  # one binary search: where the token is, if valid
+            if i < len(exp.ids) and int(exp.ids[i]) == chain[0]:
+                return exp.ids[i:i + 1], exp.p[i:i + 1]
         return exp.ids, exp.p
