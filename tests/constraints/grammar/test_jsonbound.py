@@ -54,9 +54,11 @@ HAND = [
 
 
 def texts(doc: object) -> list[str]:
-    """``doc`` written compactly, as ``json.dumps`` does, pretty-printed, and unescaped."""
+    """``doc`` written compactly, as ``json.dumps`` does, pretty-printed, unescaped, and with
+    blanks before the separators."""
     return [json.dumps(doc, separators=(",", ":")), json.dumps(doc),
-            json.dumps(doc, indent=2), json.dumps(doc, ensure_ascii=False)]
+            json.dumps(doc, indent=2), json.dumps(doc, ensure_ascii=False),
+            json.dumps(doc, separators=(" ,", " : "))]
 
 
 def segmentations(vocab: Vocabulary, data: bytes, rng: random.Random) -> list[list[int]]:
@@ -94,14 +96,18 @@ def check_sound(m: GrammarMatcher, ids: list[int]) -> int:
 def test_bound_never_exceeds_what_valid_texts_take(default_vocab):
     rng, checked = random.Random(0), 0
     for schema, docs in HAND:
-        for layout in (None, {"whitespace_pattern": JSON_WHITESPACE}):  # ours, multi-line
+        for layout in (None, {"whitespace_pattern": JSON_WHITESPACE},  # ours, multi-line
+                       {"whitespace_flexible": False},  # compact
+                       {"whitespace_flexible": True},  # any whitespace
+                       {"whitespace_flexible": False, "item_separator": " ,",
+                        "key_separator": " : "}):
             m = json_schema(schema if layout is None else {**schema, "x-guidance": layout}
                             ).bind(default_vocab)
             for doc in docs:
                 for text in texts(doc):
                     for ids in segmentations(default_vocab, text.encode(), rng):
                         checked += check_sound(m, ids)
-    assert checked > 2000
+    assert checked > 5000
 
 
 def test_bound_on_maskbench_documents(default_vocab):
@@ -135,15 +141,36 @@ def test_bound_on_maskbench_documents(default_vocab):
 
 def test_token_cover_is_a_lower_bound():
     rng = random.Random(2)
-    tokens = [b'"', b'",', b'":', b"a", b"ab", b"ba", b"}", b'"}', b" ", b'"a"', b"<e>"]
-    vocab = Vocabulary(tokens, eos_ids=[10])
+    tokens = [b'"', b'",', b'":', b"a", b"ab", b"ba", b"}", b'"}', b" ", b'"a"', b"b\"",
+              b"<e>"]
+    vocab = Vocabulary(tokens, eos_ids=[11])
     cover = TokenCover(vocab)
-    for _ in range(300):
-        seq = [rng.randrange(10) for _ in range(rng.randrange(1, 7))]
+    tight = 0
+    for _ in range(2000):
+        seq = [rng.randrange(11) for _ in range(rng.randrange(1, 8))]
         text = vocab.decode(seq)
-        sub = bytes(b for b in text if rng.random() < 0.6)
-        assert cover.count(sub) <= len(seq)
-    assert cover.count(b'"a"}') == 2 and cover.count(b"") == 0
+        pieces, at = [], 0  # pieces of the text, in order, with gaps between
+        while at < len(text):
+            size = rng.randrange(1, 5)
+            if rng.random() < 0.6:
+                pieces.append(text[at:at + size])
+            at += size
+        found = cover.count(tuple(pieces))
+        assert found <= len(seq), (seq, pieces)
+        tight += found == len(seq)
+    assert tight > 300
+    assert cover.count((b'"a"', b"}")) == 2 and cover.count(()) == 0
+    assert cover.count((b"c",)) > 10**9  # no token writes it
+
+
+def test_token_cover_keeps_a_piece_side_by_side():
+    vocab = Vocabulary([b'"ba"', b'"', b"a", b"<e>"], eos_ids=[3])
+    cover = TokenCover(vocab)
+    # '"ba"' holds '"a"' with a gap, not side by side: '"' 'a' '"' (or '"ba"' 'a' '"').
+    assert cover.count((b'"a"',)) == 3
+    assert cover.count((b'"', b"a", b'"')) == 1
+    # Digits are one byte to the cover: '"7"' writes the key "0" of a schema.
+    assert TokenCover(Vocabulary([b'"7"', b"<e>"], eos_ids=[1])).count((b'"0"',)) == 1
 
 
 TINY = [b'{"a":"', b'x', b'xx', b'"', b'",', b'"b":"', b'"}', b'}', b' ', b'<eos>']
@@ -187,23 +214,26 @@ def test_string_that_cannot_close_in_time_is_dead(default_vocab, monkeypatch):
         state = m.advance(node.state, tok)
         assert state is not None
         node = Node(node, tok, state, False, 0.0)
-    # '","shippingAddress":""}' takes at least five tokens, then EOS: six.
-    assert m.compiled.json_bound().need(node.state) == 6
-    at_five = Expander(m, TreeOptions(max_new_tokens=node.depth + 5))
-    assert at_five.dead(node) and not len(at_five.valid(node))
+    # '","shippingAddress":""}' takes six tokens ('","' 'ship' 'ping' 'Address' '":"' '"}'),
+    # then EOS: seven. The key is written side by side, so no token holding its letters
+    # apart can stand for it.
+    assert m.compiled.json_bound().need(node.state) == 7
     at_six = Expander(m, TreeOptions(max_new_tokens=node.depth + 6))
-    kept = at_six.valid(node)
-    assert 0 < len(kept) < 100  # no plain string token: each would leave five for six
+    assert at_six.dead(node) and not len(at_six.valid(node))
+    at_seven = Expander(m, TreeOptions(max_new_tokens=node.depth + 7))
+    kept = at_seven.valid(node)
+    assert 0 < len(kept) < 100  # no plain string token: each would leave six for seven
     assert not np.isin(kept, np.flatnonzero(m.compiled.json_bound().plain)).any()
     monkeypatch.setattr(GrammarMatcher, "within", Matcher.within)
-    assert len(Expander(m, TreeOptions(max_new_tokens=node.depth + 5)).valid(node)) > 40000
+    assert len(Expander(m, TreeOptions(max_new_tokens=node.depth + 6)).valid(node)) > 40000
 
 
 def test_a_key_being_written_keeps_the_required_keys_it_cannot_become():
     tokens = [b'{"', b"a", b"b", b'":"', b'"', b'","', b'b":"', b'"}', b"<e>"]
     vocab = Vocabulary(tokens, eos_ids=[8])
     schema = {"type": "object", "properties": {"a": {"type": "string"},
-                                               "b": {"type": "string"}}, "required": ["b"]}
+                                               "b": {"type": "string"}}, "required": ["b"],
+              "x-guidance": {"whitespace_flexible": False}}  # compact: '{"a":"x"}'
     m = json_schema(schema).bind(vocab)
     state = m.advance(m.start(), 0)
     for left in range(3, 8):

@@ -1,15 +1,14 @@
 """JSON bounds: the fewest tokens any completion of a JSON prefix still needs under its
 schema (docs/design.md §2, "the tokens a text still needs").
 
-The scanner (:mod:`.jsonscan`) gives a prefix's *obligations*: bytes every completion holds,
-in order, as a subsequence. The fewest vocabulary tokens whose concatenation holds a byte
-string as a subsequence is found greedily (each token takes the longest prefix of what is
-left that it holds as a subsequence: the further along, the fewer tokens remain, so the
-greedy choice is optimal), and that count plus the end token is the bound.
+The scanner (:mod:`.jsonscan`) gives a prefix's *obligations*: pieces every completion
+writes in order, each piece's bytes side by side. :class:`TokenCover` counts the fewest
+vocabulary tokens whose concatenation writes them so, plus the end token: the bound.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 import weakref
@@ -19,32 +18,60 @@ import numpy as np
 
 from ...cache import LRU
 from ...tokenization.vocab import Vocabulary
-from .jsonscan import IN_STRING, JsonScanner, Snapshot
+from .jsonscan import DIGITS_AS_ONE, IN_STRING, JsonScanner, Pieces, Snapshot
 
-#: A bound larger than any token budget: what :meth:`TokenCover.count` gives for bytes no
-#: token holds.
+#: A bound larger than any token budget: what :meth:`TokenCover.count` gives for pieces no
+#: tokens write.
 UNREACHABLE = 1 << 62
 
 
+def _reach(pieces: Pieces, token: bytes) -> int:
+    """How many bytes of ``pieces`` one ``token`` writes from a point between two pieces:
+    the whole pieces it holds, in order and each side by side (each at its first place,
+    which leaves the most after it), then the longest start of the next one that it ends
+    with."""
+    at = done = 0
+    for piece in pieces:
+        found = token.find(piece, at)
+        if found < 0:
+            for m in range(min(len(piece) - 1, len(token) - at), 0, -1):
+                if token.endswith(piece[:m]):
+                    return done + m
+            return done
+        at, done = found + len(piece), done + len(piece)
+    return done
+
+
 class TokenCover:
-    """The fewest tokens of a vocabulary whose concatenation holds a byte string as a
-    subsequence (:meth:`count`), over every token with bytes (EOS aside): a superset of
+    """The fewest tokens of a vocabulary whose concatenation writes pieces in order, each
+    side by side (:meth:`count`), over every token with bytes (EOS aside): a superset of
     those a grammar allows, so the count is a lower bound for them.
 
+    Positions are the bytes of the pieces written so far. From a position inside a piece,
+    a token must go on with that piece; between pieces it may write anything first. Taking
+    the furthest position each token reaches is not optimal as it stands (being further
+    into a piece can rule out a token that an earlier position could use), so the count
+    lets every position also move as any earlier one can. Then being further along never
+    costs more, the greedy walk is optimal, and it still counts no more than any real
+    sequence of tokens takes. Every digit counts as ``0`` (:data:`~.jsonscan.DIGIT`), on
+    both sides.
+
     >>> v = Vocabulary([b'"', b'",', b'"a', b'":', b'}', b'<e>'], eos_ids=[5])
-    >>> TokenCover(v).count(b'","a":}')   # '",' '"a' '":' '}'
+    >>> TokenCover(v).count((b",", b'"a"', b":", b"}"))   # '",' '"a' '":' '}'
+    4
+    >>> TokenCover(v).count((b'"a"', b'"a"'))             # '"a' '"' '"a' '"'
     4
     """
 
     def __init__(self, vocab: Vocabulary) -> None:
-        tokens = [vocab.bytes_of(i) for i in range(vocab.size) if not vocab.is_eos(i)]
-        tokens = [t for t in tokens if t]
-        width = max((len(t) for t in tokens), default=0)
-        self.tokens = np.frombuffer(b"".join(t.ljust(width, b"\0") for t in tokens),
-                                    dtype=np.uint8).reshape(len(tokens), width)
-        self.lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
-        self._holding: dict[int, np.ndarray] = {}
-        self._counts: LRU[bytes, int] = LRU(1 << 14)
+        tokens = {vocab.bytes_of(i).translate(DIGITS_AS_ONE) for i in range(vocab.size)
+                  if not vocab.is_eos(i)} - {b""}
+        self._tokens = frozenset(tokens)
+        self._sorted = sorted(tokens)
+        self._holding: dict[int, list[bytes]] = {}
+        self._best: LRU[tuple[Pieces, int], int] = LRU(1 << 16)
+        self._counts: LRU[Pieces, int] = LRU(1 << 14)
+        self._lock = threading.Lock()
         plain = np.zeros(vocab.size, dtype=bool)
         ascii_only = np.zeros(vocab.size, dtype=bool)
         for i in range(min(vocab.size, len(vocab.token_bytes))):
@@ -59,33 +86,58 @@ class TokenCover:
         #: required keys it may still become (a non-ASCII byte makes the key unreadable).
         self.plain_ascii = ascii_only
 
-    def _tokens_holding(self, byte: int) -> np.ndarray:
+    def _tokens_holding(self, byte: int) -> list[bytes]:
         found = self._holding.get(byte)
         if found is None:
-            found = self._holding[byte] = np.flatnonzero((self.tokens == byte).any(axis=1))
+            found = self._holding[byte] = [t for t in self._sorted if byte in t]
         return found
 
-    def count(self, data: bytes) -> int:
-        """The fewest tokens holding ``data`` as a subsequence (:data:`UNREACHABLE` if no
-        sequence does); 0 for no bytes."""
-        found = self._counts.get(data)
+    def _furthest(self, pieces: Pieces, j: int) -> int:
+        """The furthest position (bytes of ``pieces``) one token reaches from byte ``j`` of
+        the first piece (``j`` = 0: before it, where anything may come first)."""
+        key = (pieces, j)
+        found = self._best.get(key)
         if found is not None:
             return found
-        # -1 past the end matches no token byte, nor does a 0 byte of padding ``data`` lacks.
-        want = np.asarray([*data, -1], dtype=np.int16)
-        at, steps = 0, 0
-        while at < len(data):
-            ids = self._tokens_holding(data[at])
-            if not len(ids):
-                steps = UNREACHABLE
-                break
-            rows = self.tokens[ids, : int(self.lengths[ids].max())]
-            ptr = np.full(len(ids), at, dtype=np.int64)
-            for col in range(rows.shape[1]):
-                ptr += rows[:, col] == want[ptr]
-            at, steps = int(ptr.max()), steps + 1
-        self._counts.put(data, steps)
-        return steps
+        first = pieces[0]
+        if j == 0:
+            found = max((_reach(pieces, t) for t in self._tokens_holding(first[0])),
+                        default=0)
+        else:
+            rest = first[j:]
+            found = j + next((m for m in range(len(rest) - 1, 0, -1)
+                              if rest[:m] in self._tokens), 0)
+            at = bisect.bisect_left(self._sorted, rest)
+            while at < len(self._sorted) and self._sorted[at].startswith(rest):
+                token = self._sorted[at]
+                found = max(found, len(first) + _reach(pieces[1:], token[len(rest):]))
+                at += 1
+        self._best.put(key, found)
+        return found
+
+    def count(self, pieces: Pieces) -> int:
+        """The fewest tokens writing ``pieces`` in order, each side by side (as this class
+        counts them; :data:`UNREACHABLE` if no tokens do); 0 for no pieces."""
+        with self._lock:
+            found = self._counts.get(pieces)
+            if found is not None:
+                return found
+            # furthest[k]: the furthest position from any position up to k.
+            furthest: list[int] = []
+            start = 0
+            for b, piece in enumerate(pieces):
+                for j in range(len(piece)):
+                    reach = start + self._furthest(pieces[b:], j)
+                    furthest.append(max(reach, furthest[-1]) if furthest else reach)
+                start += len(piece)
+            at, steps = 0, 0
+            while at < start:
+                if furthest[at] <= at:
+                    steps = UNREACHABLE
+                    break
+                at, steps = furthest[at], steps + 1
+            self._counts.put(pieces, steps)
+            return steps
 
 
 _COVERS: weakref.WeakKeyDictionary[Vocabulary, TokenCover] = weakref.WeakKeyDictionary()

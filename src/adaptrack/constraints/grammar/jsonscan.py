@@ -1,17 +1,19 @@
 """The JSON scanner of the token bound (:mod:`.jsonbound`): reads a JSON prefix under its
 schema into a hashable snapshot and gives the prefix's *obligations*.
 
-A prefix's obligations are bytes every completion must still hold, in this order: the
-``"`` that closes an open string, then for each open object (innermost first) the members
-of its required properties not yet written (``,`` where a member comes before, the key
-``"k"``, ``:``, the fixed bytes of a minimal value; after a ``,`` with none pending, the
-quotes and ``:`` of the member that must follow), then its ``}`` (an array's ``]``).
-llguidance writes an object's properties in the schema's order and its keys without
-escapes, so these bytes come in this order, and a completion's text holds their
-concatenation as a *subsequence*. Anything the scanner does not read with certainty
-(combinators, ``$ref``, pattern properties, keys with escapes or non-ASCII bytes, a key
-being written) gives fewer obligations, which is always sound: a subsequence of a
-subsequence is one.
+A prefix's obligations are *pieces* every completion must still write, in this order, each
+piece's bytes side by side and anything between two pieces: the ``"`` that closes an open
+string, then for each open object (innermost first) the members of its required
+properties not yet written (``,`` where a member comes before, the key ``"k"`` as one
+piece, ``:``, the pieces of a minimal value; after a ``,`` with none pending, the quotes
+and ``:`` of the member that must follow), then its ``}`` (an array's ``]``). A minimal
+value is ``"`` ``"`` for a string, ``[`` ``]`` for an array, ``{`` … ``}`` with its
+required members for an object, a digit for a number (written ``0``: :data:`DIGIT`) and
+``null`` for null. llguidance writes an object's properties in the schema's order and its
+keys without escapes, so a completion's text holds the pieces in this order, each
+contiguous. Anything the scanner does not read with certainty (combinators, ``$ref``,
+pattern properties, keys with escapes or non-ASCII bytes, a key being written) gives fewer
+pieces, which is always sound: dropping a piece, or splitting one, only asks less.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ _UNKNOWN = frozenset({
 #: Bytes a JSON scalar (number, ``true``, ``false``, ``null``) is written with.
 _SCALAR = frozenset(b"0123456789+-.eEtrufalsnTRUFALSN")
 _BLANK = frozenset(b" \t\n\r")
+#: The byte a piece writes for "any digit"; the bound reads every digit of a token as it.
+DIGIT = b"0"
+#: Digits as :data:`DIGIT` (``bytes.translate``).
+DIGITS_AS_ONE = bytes.maketrans(b"0123456789", DIGIT * 10)
+
+Pieces = tuple[bytes, ...]
+"""Obligations: byte strings a completion writes in order, each contiguous (module doc)."""
 
 # Scanner modes: a value expected (top level or after ":"), after "[" (a value or "]"),
 # after "," in an array, after "{" (a key or "}"), after "," in an object, in a string,
@@ -70,32 +79,65 @@ def _required(schema: dict[str, Any]) -> list[str]:
     return [k for k in props if k in wanted and _clean_key(k)]
 
 
-def _minimal(schema: Any, depth: int = 0) -> bytes:
-    """Bytes every value of ``schema`` holds, in order: ``""`` for a string, ``{…}`` with
-    its required members for an object, ``[]`` for an array; else none."""
+def _layout(schema: Any) -> tuple[bytes, bytes] | None:
+    """The item and key separators where ``schema``'s ``x-guidance`` fixes the layout (no
+    whitespace but the separators'); None where whitespace may come between any tokens."""
+    options = schema.get("x-guidance") if isinstance(schema, dict) else None
+    if not isinstance(options, dict) or options.get("whitespace_flexible", True) is not False \
+            or "whitespace_pattern" in options:
+        return None
+    item, key = options.get("item_separator", ","), options.get("key_separator", ":")
+    if not isinstance(item, str) or not isinstance(key, str):
+        return None
+    # Blanks before a separator are dropped: the scanner skips blanks, so a prefix may
+    # have written them already (a piece's tail is side by side as the piece is).
+    return item.lstrip(" \t\n\r").encode(), key.lstrip(" \t\n\r").encode()
+
+
+def _then(out: list[bytes], value: Pieces, layout: tuple[bytes, bytes] | None) -> None:
+    """Append a value's pieces after a key separator: in a fixed layout the first one
+    follows it side by side, unless it is a digit (a number may start with ``-``)."""
+    if layout is not None and value and value[0] != DIGIT:
+        out[-1] += value[0]
+        value = value[1:]
+    out += value
+
+
+def _minimal(schema: Any, layout: tuple[bytes, bytes] | None, depth: int = 0) -> Pieces:
+    """Pieces every value of ``schema`` writes, in order (module doc); none where the
+    scanner does not know the value's type."""
     found = _known(schema)
     if found is None or depth > 4:
-        return b""
+        return ()
     kind = found.get("type")
     if kind == "string":
-        return b'""'
+        return (b'"', b'"')
     if kind == "array":
-        return b"[]"
+        return (b"[", b"]")
     if kind == "object":
-        return b"{" + _members(found, _required(found), False, depth + 1) + b"}"
-    return b""
+        return (b"{", *_members(found, _required(found), False, layout, depth + 1), b"}")
+    if kind in ("integer", "number"):
+        return (DIGIT,)
+    if kind == "null":
+        return (b"null",)
+    return ()
 
 
-def _members(schema: dict[str, Any], pending: Iterable[str], comma: bool, depth: int) -> bytes:
+def _members(schema: dict[str, Any], pending: Iterable[str], comma: bool,
+             layout: tuple[bytes, bytes] | None, depth: int) -> Pieces:
     """The obligations of an object's ``pending`` required members: ``,`` before each one a
-    member precedes (``comma``: the first too), ``"k":`` and its minimal value."""
+    member precedes (``comma``: the first too), ``"k"``, ``:`` and its minimal value; in a
+    fixed layout the separators and the key are one piece."""
     props = schema.get("properties") or {}
-    out = bytearray()
+    out: list[bytes] = []
     for i, key in enumerate(pending):
-        if i or comma:
-            out += b","
-        out += b'"' + key.encode() + b'":' + _minimal(props.get(key), depth)
-    return bytes(out)
+        quoted = b'"' + key.encode().translate(DIGITS_AS_ONE) + b'"'
+        if layout is None:
+            out += (b",", quoted, b":") if i or comma else (quoted, b":")
+        else:
+            out.append((layout[0] if i or comma else b"") + quoted + layout[1])
+        _then(out, _minimal(props.get(key), layout, depth), layout)
+    return tuple(out)
 
 
 def _string_byte(b: int, frames: tuple[Frame, ...], key: str | None, esc: bool,
@@ -131,7 +173,7 @@ class JsonScanner:
     ...                  "b": {"type": "string"}}, "required": ["a", "b"]})
     >>> snap = s.step(s.start(), b'{"a": "xy')
     >>> s.obligations(snap)
-    b'","b":""}'
+    (b'"', b',', b'"b"', b':', b'"', b'"', b'}')
     """
 
     def __init__(self, schema: Any) -> None:
@@ -139,8 +181,10 @@ class JsonScanner:
         #: The schemas of open containers, by index (snapshots hold the index: hashable).
         self.schemas: list[Any] = []
         self._index: dict[int, int] = {}
-        self._obligations: dict[Snapshot, bytes] = {}
+        self._obligations: dict[Snapshot, Pieces] = {}
         self._required: dict[int, list[str]] = {}
+        #: The separators of a fixed layout (None: flexible whitespace).
+        self.layout = _layout(schema)
 
     def start(self) -> Snapshot:
         return (_VALUE, (), None, False, False)
@@ -226,10 +270,10 @@ class JsonScanner:
                 return _closed(frames)
         return None  # after the top-level value only whitespace may follow
 
-    def obligations(self, snap: Snapshot | None) -> bytes:
-        """Bytes every completion of the prefix holds as a subsequence (module doc)."""
+    def obligations(self, snap: Snapshot | None) -> Pieces:
+        """The pieces every completion of the prefix writes (module doc)."""
         if snap is None:
-            return b""
+            return ()
         found = self._obligations.get(snap)
         if found is None:
             found = self._obligations[snap] = self._find_obligations(snap)
@@ -244,31 +288,32 @@ class JsonScanner:
             found = self._required[index] = _required(schema)
         return found
 
-    def _find_obligations(self, snap: Snapshot) -> bytes:
+    def _find_obligations(self, snap: Snapshot) -> Pieces:
         mode, frames, key, _, is_key = snap
-        out = bytearray()
+        out: list[bytes] = []
         in_key = mode == IN_STRING and is_key
+        layout, colon = self.layout, b":" if self.layout is None else self.layout[1]
         if mode == IN_STRING:
-            out += b'"'
-            if in_key:
-                out += b":"
+            out += ((b'"', b":") if layout is None else (b'"' + colon,)) if in_key else (b'"',)
         elif mode == _COLON:
-            out += b":" + _minimal(self._value_schema(frames))
+            out.append(colon)
+            _then(out, _minimal(self._value_schema(frames), layout), layout)
         elif mode in (_VALUE, _VALUEA):
-            out += _minimal(self._value_schema(frames))
+            out += _minimal(self._value_schema(frames), layout)
         for depth, (kind, index, written, _, sep) in enumerate(reversed(frames)):
             if kind == 0x5B:
-                out += b"]"
+                out.append(b"]")
                 continue
             found = _known(self.schemas[index]) if index >= 0 else None
             if depth == 0 and mode == _KEY and (found is None or not [
                     k for k in self._required_of(index, found) if k not in written]):
-                out += b'"":'  # after "," a member follows: a key (quoted), ":"
+                # After "," a member follows: a key (quoted), ":".
+                out += (b'"', b'"', b":") if layout is None else (b'"', b'"' + colon)
             if found is not None:
                 pending = [k for k in self._required_of(index, found) if k not in written]
                 if depth == 0 and in_key:
                     # The key being written may be any of those it is a prefix of.
                     pending = [k for k in pending if key is not None and not k.startswith(key)]
-                out += _members(found, pending, sep or (depth == 0 and in_key), 0)
-            out += b"}"
-        return bytes(out)
+                out += _members(found, pending, sep or (depth == 0 and in_key), layout, 0)
+            out.append(b"}")
+        return tuple(out)
