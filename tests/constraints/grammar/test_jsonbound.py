@@ -42,6 +42,16 @@ EITHER = {"type": "object", "properties": {
     "required": ["x", "y"]}
 ACCENT = {"type": "object", "properties": {"héllo": {"type": "string"},
                                            "b": {"type": "string"}}, "required": ["héllo", "b"]}
+KINDS = {"type": "object", "$defs": {"t": {"type": "string"}, "u": {"$ref": "#/$defs/t"}},
+         "properties": {
+             "r": {"$ref": "#/$defs/u", "description": "a string, twice removed"},
+             "e": {"enum": ["on", "off", 3, None, True, "a/b"]},
+             "n": {"type": ["integer", "null"]}, "b": {"type": "boolean"},
+             "c": {"const": "fixed"},
+             "o": {"oneOf": [{"type": "string"},
+                             {"type": "array", "items": {"type": "number"}}]},
+             "z": {"type": "null"}},
+         "required": ["r", "e", "n", "b", "c", "o", "z"]}
 HAND = [
     (NESTED, [{"id": 1, "user": {"name": 'a "q" \\ b', "tags": ["x", "y,}]"]}},
               {"id": -2, "user": {"name": "", "tags": []}, "note": "né\n\t{"}]),
@@ -50,6 +60,12 @@ HAND = [
     (ROWS, [[{"k": "a", "v": 1.5}, {"k": "b\n", "v": -3e2}], []]),
     (EITHER, [{"x": "s", "y": "t"}, {"x": 12, "y": ""}]),
     (ACCENT, [{"héllo": "x", "b": "y"}]),
+    (KINDS, [{"r": "x", "e": "off", "n": None, "b": False, "c": "fixed", "o": [1.5, -2],
+              "z": None},
+             {"r": "", "e": 3, "n": -12, "b": True, "c": "fixed", "o": "s", "z": None},
+             {"r": "q", "e": None, "n": 0, "b": True, "c": "fixed", "o": [], "z": None},
+             {"r": "q", "e": True, "n": 7, "b": False, "c": "fixed", "o": "", "z": None},
+             {"r": "q", "e": "a/b", "n": 7, "b": False, "c": "fixed", "o": "", "z": None}]),
 ]
 
 
@@ -265,3 +281,25 @@ def test_key_that_cannot_close_in_time_has_no_plain_child(default_vocab):
     assert np.isin(roomy, np.flatnonzero(bound.cover.plain_ascii)).sum() > 40000
     for tok in tight.tolist():  # each kept token leaves a text that may still fit
         assert bound.need(m.advance(node.state, tok)) <= need - 1
+
+
+def test_a_value_the_scanner_does_not_know_still_owes_a_token():
+    vocab = Vocabulary([b'{"x":', b"}", b"0", b'"', b"<e>"], eos_ids=[4])
+    m = json_schema({"type": "object", "x-guidance": {"whitespace_flexible": True}}
+                    ).bind(vocab)
+    state = m.advance(m.start(), 0)
+    assert state is not None
+    # '0' '}' then EOS: "}" alone would not be JSON, and no token writes a value and "}".
+    assert m.compiled.json_bound().need(state) == 3
+    assert m.accepts([0, 2, 1, 4]) and not len(m.within(state, 2))
+
+
+def test_an_enum_value_owes_its_text():
+    vocab = Vocabulary([b'{"s": ', b'"', b"on", b"off", b'"on"', b"}", b"<e>"], eos_ids=[6])
+    schema = {"type": "object", "properties": {"s": {"enum": ["on", "off"]}},
+              "required": ["s"], "additionalProperties": False}
+    m = json_schema(schema).bind(vocab)
+    state = m.advance(m.start(), 0)
+    assert state is not None
+    assert m.compiled.json_bound().need(state) == 3  # '"on"' '}' EOS
+    assert m.within(state, 3).tolist() == [4]  # '"' leaves "on" or "off" and '"}' no room

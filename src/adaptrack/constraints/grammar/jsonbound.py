@@ -1,9 +1,10 @@
 """JSON bounds: the fewest tokens any completion of a JSON prefix still needs under its
 schema (docs/design.md §2, "the tokens a text still needs").
 
-The scanner (:mod:`.jsonscan`) gives a prefix's *obligations*: pieces every completion
-writes in order, each piece's bytes side by side. :class:`TokenCover` counts the fewest
-vocabulary tokens whose concatenation writes them so, plus the end token: the bound.
+The scanner (:mod:`.jsonscan`) gives a prefix's *obligations*: options of pieces, one of
+which every completion writes in order, each piece's bytes side by side. :class:`TokenCover`
+counts the fewest vocabulary tokens whose concatenation writes an option so; the fewest
+over the options, plus the end token, is the bound.
 """
 
 from __future__ import annotations
@@ -63,12 +64,18 @@ class TokenCover:
     4
     """
 
+    #: Bytes of pieces read at most: the count costs a step per byte, and past a few
+    #: hundred bytes it is beyond any token budget already.
+    LIMIT = 1024
+
     def __init__(self, vocab: Vocabulary) -> None:
         tokens = {vocab.bytes_of(i).translate(DIGITS_AS_ONE) for i in range(vocab.size)
                   if not vocab.is_eos(i)} - {b""}
         self._tokens = frozenset(tokens)
+        #: The longest token's bytes.
+        self.width = max((len(t) for t in tokens), default=0)
         self._sorted = sorted(tokens)
-        self._holding: dict[int, list[bytes]] = {}
+        self._holding: dict[bytes, list[bytes]] = {}
         self._best: LRU[tuple[Pieces, int], int] = LRU(1 << 16)
         self._counts: LRU[Pieces, int] = LRU(1 << 14)
         self._lock = threading.Lock()
@@ -86,10 +93,15 @@ class TokenCover:
         #: required keys it may still become (a non-ASCII byte makes the key unreadable).
         self.plain_ascii = ascii_only
 
-    def _tokens_holding(self, byte: int) -> list[bytes]:
-        found = self._holding.get(byte)
+    def _starting(self, piece: bytes) -> list[bytes]:
+        """The tokens that can begin to write ``piece`` from a point between pieces: those
+        holding it whole hold its first two bytes; the others end with its first byte
+        (or with more of it, and then hold its first two bytes too)."""
+        key = piece[:2]
+        found = self._holding.get(key)
         if found is None:
-            found = self._holding[byte] = [t for t in self._sorted if byte in t]
+            found = self._holding[key] = [
+                t for t in self._sorted if key in t or t[-1] == piece[0]]
         return found
 
     def _furthest(self, pieces: Pieces, j: int) -> int:
@@ -101,8 +113,7 @@ class TokenCover:
             return found
         first = pieces[0]
         if j == 0:
-            found = max((_reach(pieces, t) for t in self._tokens_holding(first[0])),
-                        default=0)
+            found = max((_reach(pieces, t) for t in self._starting(first)), default=0)
         else:
             rest = first[j:]
             found = j + next((m for m in range(len(rest) - 1, 0, -1)
@@ -122,22 +133,40 @@ class TokenCover:
             found = self._counts.get(pieces)
             if found is not None:
                 return found
-            # furthest[k]: the furthest position from any position up to k.
-            furthest: list[int] = []
-            start = 0
-            for b, piece in enumerate(pieces):
-                for j in range(len(piece)):
-                    reach = start + self._furthest(pieces[b:], j)
-                    furthest.append(max(reach, furthest[-1]) if furthest else reach)
-                start += len(piece)
-            at, steps = 0, 0
-            while at < start:
-                if furthest[at] <= at:
-                    steps = UNREACHABLE
-                    break
-                at, steps = furthest[at], steps + 1
-            self._counts.put(pieces, steps)
-            return steps
+            found = self._count(pieces[:self._within_limit(pieces)])
+            self._counts.put(pieces, found)
+            return found
+
+    def _within_limit(self, pieces: Pieces) -> int:
+        """How many of ``pieces`` the count reads: those that start within
+        :attr:`LIMIT` bytes (fewer pieces ask less, so the count stays a lower bound)."""
+        size = 0
+        for k, piece in enumerate(pieces):
+            if size >= self.LIMIT:
+                return k
+            size += len(piece)
+        return len(pieces)
+
+    def _count(self, pieces: Pieces) -> int:
+        # furthest[k]: the furthest position from any position up to k. A token reaches
+        # no piece that starts more than its length on, so one step is looked up by
+        # the pieces within that much (``end``), whatever follows them.
+        furthest: list[int] = []
+        start = end = ahead = 0
+        for b, piece in enumerate(pieces):
+            for j in range(len(piece)):
+                while end < len(pieces) and ahead - j < self.width:
+                    ahead, end = ahead + len(pieces[end]), end + 1
+                reach = start + self._furthest(pieces[b:end], j)
+                furthest.append(max(reach, furthest[-1]) if furthest else reach)
+            start, ahead = start + len(piece), ahead - len(piece)
+        at, steps = 0, 0
+        while at < start:
+            if furthest[at] <= at:
+                steps = UNREACHABLE
+                break
+            at, steps = furthest[at], steps + 1
+        return steps
 
 
 _COVERS: weakref.WeakKeyDictionary[Vocabulary, TokenCover] = weakref.WeakKeyDictionary()
@@ -233,7 +262,7 @@ class JsonBound:
         return self._need(self.snapshot(state))
 
     def _need(self, snap: Snapshot | None) -> int:
-        return self.cover.count(self.scanner.obligations(snap)) + 1
+        return min(self.cover.count(option) for option in self.scanner.obligations(snap)) + 1
 
     def within(self, state: tuple[int, ...], tokens: int, allowed: np.ndarray) -> np.ndarray:
         """Of ``allowed`` (the tokens the grammar allows after ``state``), those after which

@@ -8,16 +8,23 @@ properties not yet written (``,`` where a member comes before, the key ``"k"`` a
 piece, ``:``, the pieces of a minimal value; after a ``,`` with none pending, the quotes
 and ``:`` of the member that must follow), then its ``}`` (an array's ``]``). A minimal
 value is ``"`` ``"`` for a string, ``[`` ``]`` for an array, ``{`` … ``}`` with its
-required members for an object, a digit for a number (written ``0``: :data:`DIGIT`) and
-``null`` for null. llguidance writes an object's properties in the schema's order and its
-keys without escapes, so a completion's text holds the pieces in this order, each
-contiguous. Anything the scanner does not read with certainty (combinators, ``$ref``,
-pattern properties, keys with escapes or non-ASCII bytes, a key being written) gives fewer
-pieces, which is always sound: dropping a piece, or splitting one, only asks less.
+required members for an object, a digit for a number (written ``0``: :data:`DIGIT`),
+``null``, ``true`` or ``false``, and a ``const`` or ``enum`` value's own text. Where a
+value may take one of several forms (a list of types, ``anyOf``, ``enum``) the
+obligations are *options*, one per form (at most :data:`MAX_OPTIONS`), and a completion
+writes one of them. In a fixed layout (``x-guidance`` with ``whitespace_flexible: false``)
+a member's separators and key are one piece, ``, "k": ``, and the value's first piece
+follows it side by side. llguidance writes an object's properties in the schema's order
+and its keys without escapes, so a completion's text holds an option's pieces in this
+order, each contiguous. Anything the scanner does not read with certainty (``allOf``,
+``not``, ``if``, a ``$ref`` beside other keywords or outside the schema, pattern
+properties, keys with escapes or non-ASCII bytes, a key being written) gives fewer pieces,
+which is always sound: dropping a piece, or splitting one, only asks less.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,7 +44,19 @@ DIGIT = b"0"
 DIGITS_AS_ONE = bytes.maketrans(b"0123456789", DIGIT * 10)
 
 Pieces = tuple[bytes, ...]
-"""Obligations: byte strings a completion writes in order, each contiguous (module doc)."""
+"""Byte strings a completion writes in order, each contiguous (module doc)."""
+Options = tuple[Pieces, ...]
+"""Obligations: a completion writes the pieces of one of these options."""
+#: Options kept at most: past it, options are merged into the pieces they all share.
+MAX_OPTIONS = 8
+_NOTHING: Options = ((),)
+#: A value the scanner knows nothing of: it is one of these.
+_ANY: Options = ((b'"', b'"'), (DIGIT,), (b"{", b"}"), (b"[", b"]"), (b"null",), (b"true",),
+                (b"false",))
+#: Keywords that do not constrain a value: a ``$ref`` beside only these is its target.
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment",
+                          "deprecated", "readOnly", "writeOnly", "$id", "$schema",
+                          "x-guidance"})
 
 # Scanner modes: a value expected (top level or after ":"), after "[" (a value or "]"),
 # after "," in an array, after "{" (a key or "}"), after "," in an object, in a string,
@@ -94,50 +113,51 @@ def _layout(schema: Any) -> tuple[bytes, bytes] | None:
     return item.lstrip(" \t\n\r").encode(), key.lstrip(" \t\n\r").encode()
 
 
-def _then(out: list[bytes], value: Pieces, layout: tuple[bytes, bytes] | None) -> None:
-    """Append a value's pieces after a key separator: in a fixed layout the first one
-    follows it side by side, unless it is a digit (a number may start with ``-``)."""
-    if layout is not None and value and value[0] != DIGIT:
-        out[-1] += value[0]
-        value = value[1:]
-    out += value
+def _shared(options: Options) -> Pieces:
+    """The pieces every option starts with, then those every option ends with: one option
+    that each of ``options`` holds."""
+    shortest = min(len(o) for o in options)
+    head = 0
+    while head < shortest and all(o[head] == options[0][head] for o in options):
+        head += 1
+    tail = 0
+    while tail < shortest - head and all(o[-1 - tail] == options[0][-1 - tail]
+                                         for o in options):
+        tail += 1
+    return options[0][:head] + options[0][len(options[0]) - tail:]
 
 
-def _minimal(schema: Any, layout: tuple[bytes, bytes] | None, depth: int = 0) -> Pieces:
-    """Pieces every value of ``schema`` writes, in order (module doc); none where the
-    scanner does not know the value's type."""
-    found = _known(schema)
-    if found is None or depth > 4:
-        return ()
-    kind = found.get("type")
-    if kind == "string":
-        return (b'"', b'"')
-    if kind == "array":
-        return (b"[", b"]")
-    if kind == "object":
-        return (b"{", *_members(found, _required(found), False, layout, depth + 1), b"}")
-    if kind in ("integer", "number"):
+def _join(left: Options, right: Options) -> Options:
+    """Each option of ``left`` followed by each of ``right``; where that makes more than
+    :data:`MAX_OPTIONS`, ``left``'s options (then ``right``'s) are first merged into the
+    pieces they share (owing less is sound)."""
+    if len(left) * len(right) > MAX_OPTIONS:
+        left = (_shared(left),)
+        if len(right) > MAX_OPTIONS:
+            right = (_shared(right),)
+    return tuple(a + b for a in left for b in right)
+
+
+def _after(sep: bytes, value: Options, layout: tuple[bytes, bytes] | None) -> Options:
+    """A key separator's piece, then a value's options: in a fixed layout the value's first
+    piece follows it side by side, unless it is a digit (a number may start with ``-``)."""
+    if layout is None:
+        return _join(((sep,),), value)
+    return tuple((sep + v[0], *v[1:]) if v and v[0] != DIGIT else (sep, *v) for v in value)
+
+
+def _literal(value: Any) -> Pieces:
+    """The pieces of a ``const`` or ``enum`` value: its JSON text where llguidance writes
+    only that (a string of plain ASCII, ``true``, ``false``, ``null``), a digit for a
+    number, and the brackets or quotes of the rest."""
+    if value is None or isinstance(value, bool):
+        return (json.dumps(value).encode(),)
+    if isinstance(value, int | float):
         return (DIGIT,)
-    if kind == "null":
-        return (b"null",)
-    return ()
-
-
-def _members(schema: dict[str, Any], pending: Iterable[str], comma: bool,
-             layout: tuple[bytes, bytes] | None, depth: int) -> Pieces:
-    """The obligations of an object's ``pending`` required members: ``,`` before each one a
-    member precedes (``comma``: the first too), ``"k"``, ``:`` and its minimal value; in a
-    fixed layout the separators and the key are one piece."""
-    props = schema.get("properties") or {}
-    out: list[bytes] = []
-    for i, key in enumerate(pending):
-        quoted = b'"' + key.encode().translate(DIGITS_AS_ONE) + b'"'
-        if layout is None:
-            out += (b",", quoted, b":") if i or comma else (quoted, b":")
-        else:
-            out.append((layout[0] if i or comma else b"") + quoted + layout[1])
-        _then(out, _minimal(props.get(key), layout, depth), layout)
-    return tuple(out)
+    if isinstance(value, str) and _clean_key(value) and "/" not in value:
+        return (b'"' + value.encode().translate(DIGITS_AS_ONE) + b'"',)
+    return (b"{", b"}") if isinstance(value, dict) else (b"[", b"]") \
+        if isinstance(value, list) else (b'"', b'"')
 
 
 def _string_byte(b: int, frames: tuple[Frame, ...], key: str | None, esc: bool,
@@ -173,7 +193,11 @@ class JsonScanner:
     ...                  "b": {"type": "string"}}, "required": ["a", "b"]})
     >>> snap = s.step(s.start(), b'{"a": "xy')
     >>> s.obligations(snap)
-    (b'"', b',', b'"b"', b':', b'"', b'"', b'}')
+    ((b'"', b',', b'"b"', b':', b'"', b'"', b'}'),)
+    >>> s = JsonScanner({"type": "object", "properties": {"a": {"enum": ["x", None]}},
+    ...                  "required": ["a"], "x-guidance": {"whitespace_flexible": False}})
+    >>> s.obligations(s.step(s.start(), b'{'))
+    ((b'"a":"x"', b'}'), (b'"a":null', b'}'))
     """
 
     def __init__(self, schema: Any) -> None:
@@ -181,7 +205,7 @@ class JsonScanner:
         #: The schemas of open containers, by index (snapshots hold the index: hashable).
         self.schemas: list[Any] = []
         self._index: dict[int, int] = {}
-        self._obligations: dict[Snapshot, Pieces] = {}
+        self._obligations: dict[Snapshot, Options] = {}
         self._required: dict[int, list[str]] = {}
         #: The separators of a fixed layout (None: flexible whitespace).
         self.layout = _layout(schema)
@@ -199,19 +223,97 @@ class JsonScanner:
             self.schemas.append(schema)  # kept: its id stays its own
         return found
 
+    def _resolve(self, schema: Any) -> Any:
+        """``schema`` with a local ``$ref`` (``#/…``) followed where nothing but annotations
+        stands beside it; else as it is."""
+        for _ in range(8):
+            if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str) or \
+                    not schema["$ref"].startswith("#") or schema.keys() - _ANNOTATIONS - {"$ref"}:
+                return schema
+            target: Any = self.schema
+            for part in schema["$ref"][1:].split("/")[1:]:
+                part = part.replace("~1", "/").replace("~0", "~")
+                if not isinstance(target, dict) or part not in target:
+                    return schema
+                target = target[part]
+            schema = target
+        return schema
+
     def _value_schema(self, frames: tuple[Frame, ...]) -> Any:
         """The schema of a value that starts now, None where unknown."""
         if not frames:
-            return self.schema
+            return self._resolve(self.schema)
         kind, index, _, cur, _ = frames[-1]
         schema = _known(self.schemas[index]) if index >= 0 else None
         if schema is None:
             return None
         if kind == 0x7B:
             props = schema.get("properties")
-            return props.get(cur) if isinstance(props, dict) and cur is not None else None
-        items = schema.get("items")
-        return items if isinstance(items, dict) else None
+            found = props.get(cur) if isinstance(props, dict) and cur is not None else None
+        else:
+            found = schema.get("items")
+        return self._resolve(found) if isinstance(found, dict) else None
+
+    def _minimal(self, schema: Any, depth: int = 0) -> Options:
+        """The options of pieces one of which every value of ``schema`` writes (module
+        doc); those of any JSON value where the scanner does not know more."""
+        schema = self._resolve(schema)
+        if not isinstance(schema, dict) or depth > 4:
+            return _ANY
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            if not isinstance(values, list) or not values:
+                return _ANY
+            return tuple(dict.fromkeys(_literal(v) for v in values)) \
+                if len(values) <= MAX_OPTIONS else _ANY
+        branches = schema.get("anyOf", schema.get("oneOf"))
+        if isinstance(branches, list) and branches and \
+                not schema.keys() - _ANNOTATIONS - {"anyOf", "oneOf"}:
+            found = tuple(dict.fromkeys(o for b in branches for o in self._minimal(b, depth + 1)))
+            return found if len(found) <= MAX_OPTIONS else _ANY
+        if _known(schema) is None:
+            return _ANY
+        kinds = schema.get("type")
+        out: list[Pieces] = []
+        for kind in kinds if isinstance(kinds, list) else [kinds]:
+            if kind == "string":
+                out.append((b'"', b'"'))
+            elif kind == "array":
+                out.append((b"[", b"]"))
+            elif kind == "object":
+                members = self._members(schema, _required(schema), False, depth + 1)
+                out += _join(((b"{",),), _join(members, ((b"}",),)))
+            elif kind in ("integer", "number"):
+                out.append((DIGIT,))
+            elif kind == "null":
+                out.append((b"null",))
+            elif kind == "boolean":
+                out += ((b"true",), (b"false",))
+            else:
+                return _ANY
+        found = tuple(dict.fromkeys(out))
+        return found if 0 < len(found) <= MAX_OPTIONS else _ANY
+
+    def _members(self, schema: dict[str, Any], pending: Iterable[str], comma: bool,
+                 depth: int) -> Options:
+        """The obligations of an object's ``pending`` required members: ``,`` before each
+        one a member precedes (``comma``: the first too), ``"k"``, ``:`` and its minimal
+        value; in a fixed layout the separators and the key are one piece."""
+        props = schema.get("properties") or {}
+        layout, out = self.layout, _NOTHING
+        for i, key in enumerate(pending):
+            quoted = b'"' + key.encode().translate(DIGITS_AS_ONE) + b'"'
+            value = self._minimal(props.get(key), depth)
+            if len(out) * len(value) > MAX_OPTIONS:
+                value = (_shared(value),)  # the key still owes its pieces
+            if layout is None:
+                head: Options = ((b",", quoted) if i or comma else (quoted,),)
+                member = _join(head, _after(b":", value, None))
+            else:
+                member = _after((layout[0] if i or comma else b"") + quoted + layout[1],
+                                value, layout)
+            out = _join(out, member)
+        return out
 
     def step(self, snap: Snapshot | None, data: bytes) -> Snapshot | None:
         """The snapshot after ``data`` more bytes; None where the bytes are not JSON as the
@@ -270,10 +372,11 @@ class JsonScanner:
                 return _closed(frames)
         return None  # after the top-level value only whitespace may follow
 
-    def obligations(self, snap: Snapshot | None) -> Pieces:
-        """The pieces every completion of the prefix writes (module doc)."""
+    def obligations(self, snap: Snapshot | None) -> Options:
+        """The options of pieces one of which every completion of the prefix writes (module
+        doc)."""
         if snap is None:
-            return ()
+            return _NOTHING
         found = self._obligations.get(snap)
         if found is None:
             found = self._obligations[snap] = self._find_obligations(snap)
@@ -288,32 +391,37 @@ class JsonScanner:
             found = self._required[index] = _required(schema)
         return found
 
-    def _find_obligations(self, snap: Snapshot) -> Pieces:
+    def _find_obligations(self, snap: Snapshot) -> Options:
         mode, frames, key, _, is_key = snap
-        out: list[bytes] = []
         in_key = mode == IN_STRING and is_key
         layout, colon = self.layout, b":" if self.layout is None else self.layout[1]
-        if mode == IN_STRING:
-            out += ((b'"', b":") if layout is None else (b'"' + colon,)) if in_key else (b'"',)
+        out: Options = _NOTHING
+        if mode == IN_STRING and not in_key:
+            out = ((b'"',),)
+        elif in_key:  # the key's '"', ":" and a value
+            out = _join(((b'"',),), _after(b":", _ANY, None)) if layout is None \
+                else _after(b'"' + colon, _ANY, layout)
         elif mode == _COLON:
-            out.append(colon)
-            _then(out, _minimal(self._value_schema(frames), layout), layout)
+            out = _after(colon, self._minimal(self._value_schema(frames)), layout)
         elif mode in (_VALUE, _VALUEA):
-            out += _minimal(self._value_schema(frames), layout)
+            out = self._minimal(self._value_schema(frames))
         for depth, (kind, index, written, _, sep) in enumerate(reversed(frames)):
             if kind == 0x5B:
-                out.append(b"]")
+                out = _join(out, ((b"]",),))
                 continue
             found = _known(self.schemas[index]) if index >= 0 else None
             if depth == 0 and mode == _KEY and (found is None or not [
                     k for k in self._required_of(index, found) if k not in written]):
-                # After "," a member follows: a key (quoted), ":".
-                out += (b'"', b'"', b":") if layout is None else (b'"', b'"' + colon)
+                # After "," a member follows: a key (quoted), ":" and a value.
+                member = _join(((b'"', b'"'),), _after(b":", _ANY, None)) if layout is None \
+                    else _join(((b'"',),), _after(b'"' + colon, _ANY, layout))
+                out = _join(out, member)
             if found is not None:
                 pending = [k for k in self._required_of(index, found) if k not in written]
                 if depth == 0 and in_key:
                     # The key being written may be any of those it is a prefix of.
                     pending = [k for k in pending if key is not None and not k.startswith(key)]
-                out += _members(found, pending, sep or (depth == 0 and in_key), layout, 0)
-            out.append(b"}")
-        return tuple(out)
+                out = _join(out, self._members(found, pending, sep or (depth == 0 and in_key),
+                                               0))
+            out = _join(out, ((b"}",),))
+        return out
