@@ -177,6 +177,7 @@ def test_token_cover_is_a_lower_bound():
     assert tight > 300
     assert cover.count((b'"a"', b"}")) == 2 and cover.count(()) == 0
     assert cover.count((b"c",)) > 10**9  # no token writes it
+    assert TokenCover(Vocabulary([b"<e>"], eos_ids=[0])).count((b"c",)) > 10**9
 
 
 def test_token_cover_keeps_a_piece_side_by_side():

@@ -155,7 +155,7 @@ class TokenCover:
         start = end = ahead = 0
         for b, piece in enumerate(pieces):
             for j in range(len(piece)):
-                while end < len(pieces) and ahead - j < self.width:
+                while end < len(pieces) and (end <= b or ahead - j < self.width):
                     ahead, end = ahead + len(pieces[end]), end + 1
                 reach = start + self._furthest(pieces[b:end], j)
                 furthest.append(max(reach, furthest[-1]) if furthest else reach)
