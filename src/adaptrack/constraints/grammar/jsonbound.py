@@ -64,8 +64,8 @@ class TokenCover:
     4
     """
 
-    #: Bytes of pieces read at most: the count costs a step per byte, and past a few
-    #: hundred bytes it is beyond any token budget already.
+    #: Bytes of pieces read at most: the count costs a step per byte, and the pieces left
+    #: out only ask less (1 024 bytes are about 250 tokens or more of JSON).
     LIMIT = 1024
 
     def __init__(self, vocab: Vocabulary) -> None:
