@@ -395,12 +395,14 @@ class JsonScanner:
         mode, frames, key, _, is_key = snap
         in_key = mode == IN_STRING and is_key
         layout, colon = self.layout, b":" if self.layout is None else self.layout[1]
+        # A key's closing '"', ":" and a value (in a fixed layout '"' and ":" side by side).
+        key_end = _join(((b'"',),), _after(b":", _ANY, None)) if layout is None \
+            else _after(b'"' + colon, _ANY, layout)
         out: Options = _NOTHING
         if mode == IN_STRING and not in_key:
             out = ((b'"',),)
-        elif in_key:  # the key's '"', ":" and a value
-            out = _join(((b'"',),), _after(b":", _ANY, None)) if layout is None \
-                else _after(b'"' + colon, _ANY, layout)
+        elif in_key:
+            out = key_end
         elif mode == _COLON:
             out = _after(colon, self._minimal(self._value_schema(frames)), layout)
         elif mode in (_VALUE, _VALUEA):
@@ -413,9 +415,7 @@ class JsonScanner:
             if depth == 0 and mode == _KEY and (found is None or not [
                     k for k in self._required_of(index, found) if k not in written]):
                 # After "," a member follows: a key (quoted), ":" and a value.
-                member = _join(((b'"', b'"'),), _after(b":", _ANY, None)) if layout is None \
-                    else _join(((b'"',),), _after(b'"' + colon, _ANY, layout))
-                out = _join(out, member)
+                out = _join(out, _join(((b'"',),), key_end))
             if found is not None:
                 pending = [k for k in self._required_of(index, found) if k not in written]
                 if depth == 0 and in_key:
