@@ -39,17 +39,17 @@ def run(method: str, budget: float | None, letters: int = 10,
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
 def test_a_search_that_cannot_finish_hands_over_early(method, kwargs):
-    """20 letters: CD's estimate (21 calls a sample) times EARLY_RATIO passes the floor."""
+    """25 letters: CD's estimate (26 calls a sample) times EARLY_RATIO passes the floor."""
     # A budget 50 times CD's worst case: only the early rule stops the search.
-    res = run(method, 50.0, letters=20, **kwargs)
+    res = run(method, 50.0, letters=25, **kwargs)
     assert sum(s.fallback for s in res.samples) >= 3
-    assert all(re.fullmatch("[a-p]{20}[a-d]?", s.text) for s in res.samples)
+    assert all(re.fullmatch("[a-p]{25}[a-d]?", s.text) for s in res.samples)
     # Without the early rule the search spends its budget (3 200 calls) or crawls on.
-    late = run(method, 10.0, letters=20, early_handover=None, **kwargs)
+    late = run(method, 10.0, letters=25, early_handover=None, **kwargs)
     assert res.stats["lm_calls"] * 2 < late.stats["lm_calls"]
-    # The share counts the prefixes walks used, EARLY_RATIO x CD's 22 calls a sample (more
+    # The share counts the prefixes walks used, EARLY_RATIO x CD's 26 calls a sample (more
     # than the floor); the siblings AdapTrack fetches ahead and exact's width come on top.
-    assert EARLY_RATIO * 22 > EARLY_FLOOR
+    assert EARLY_RATIO * 26 > EARLY_FLOOR
 
 
 @pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
@@ -129,6 +129,42 @@ def test_a_sample_handed_over_early_is_cds_own(method, kwargs):
     assert all(len(s.tokens) == 17 for s in cd.samples)  # 8 letters, 8 "xy", EOS
     calls = sum(s.lm_requests for s in cd.samples)
     assert sum(res.samples[i].lm_requests for i in fell) <= calls
+
+
+def test_cd_cost_counts_no_call_for_a_forced_token():
+    """The bound counts tokens; the walks' paths say which of the first ones fast-forward
+    fed, which CD pays no call for."""
+    lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
+    tree = PrefixTree([], at.constraints.choice(["aaaab"]).bind(lm.vocab))
+    policy = BudgetPolicy(fallback_tries=4, early=2.0)
+    policy.bind(tree)
+    assert policy.cd_calls() == 6  # "aaaab" and its EOS, a call each
+    path = [tree.root]
+    for forced in (False, True, True, False):
+        path.append(Node(path[-1], 0, path[-1].state, False, 0.0))
+        path[-1].in_chain = forced
+    assert [PrefixTree.calls_within(path[-1], t) for t in (1, 3, 4, 6)] == [1, 2, 2, 4]
+    assert not policy.reads_paths(EARLY_FLOOR - 1) and policy.reads_paths(EARLY_FLOOR)
+    # 4 calls for 6 tokens; 2 calls for 3, a call for each of the 3 it has not reached
+    policy.walked([path[-1], path[2]])
+    assert policy.cd_calls() == 4.5
+
+
+@pytest.mark.parametrize(("method", "kwargs"), SEARCHES)
+def test_forced_tokens_do_not_delay_the_hand_over(method, kwargs):
+    """Thirty letters, each followed by a forced "xy": 61 tokens, but 31 calls a CD sample.
+    Counted in tokens, CD's estimate doubled, and the searches handed over after 7.1 to
+    8.0 x CD's model calls; counted in calls they hand over within EARLY_RATIO + 1 times,
+    the siblings AdapTrack fetches ahead and exact's width on top."""
+    pattern = at.constraints.regex("([a-p]xy){30}")
+    kw = dict(n=5, seed=0, max_new_tokens=70, end="eos")
+    cd = at.generate(chained_lm(), [], pattern, method="cd", **kw).stats["lm_calls"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.SearchFallbackWarning)
+        res = at.generate(chained_lm(), [], pattern, method=method, search_budget=50.0,
+                          **kw, **kwargs)
+    assert res.stats["fallback_samples"] == 5
+    assert res.stats["lm_calls"] <= 2 * (EARLY_RATIO + 1) * cd
 
 
 @pytest.mark.parametrize("method", ["adaptrack", "exact"])

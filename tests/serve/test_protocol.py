@@ -13,6 +13,7 @@ pytest.importorskip("pydantic")
 
 import adaptrack as at
 from adaptrack.cli.common import constraint_spec as cli_spec
+from adaptrack.sampling.policy import EARLY_RATIO
 from adaptrack.serve import APIError
 from adaptrack.serve.constraint_spec import ConstraintSpec
 from adaptrack.serve.events import Choice, Done
@@ -226,4 +227,4 @@ def test_request_builds_its_sampling_options():
     assert CompletionRequest(prompt="a", fallback="none").to_sampling_options(4).fallback is None
     late = CompletionRequest(prompt="a", early_handover=5).to_sampling_options(4)
     assert late.early_handover == 5
-    assert plain.early_handover == at.SamplingOptions().early_handover == 3
+    assert plain.early_handover == at.SamplingOptions().early_handover == EARLY_RATIO == 2

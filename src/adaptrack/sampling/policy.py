@@ -36,7 +36,7 @@ SEARCH_TOKENS = 64
 #: The early hand-over (docs/design.md §6): a search that has spent this many times what CD
 #: would spend on its samples hands them to CD, so a request whose search cannot finish costs
 #: about (EARLY_RATIO + 1) x CD in all instead of its whole budget and CD on top.
-EARLY_RATIO = 3.0
+EARLY_RATIO = 2.0
 #: The early hand-over never comes before a sample's search used this many prefixes: below
 #: it, exact at n = 1 handed a quarter of the toy no_ab problem's samples to CD.
 EARLY_FLOOR = 48
@@ -67,6 +67,7 @@ class BudgetPolicy:
         self._used_done = 0  # those of the walks that finished
         self._drawn = 0  # samples the search drew
         self._finished: list[int] = []  # the calls to each finished sample, whoever drew it
+        self._paths: float | None = None  # calls to the first _need tokens of the walks' paths
         #: Model rows each sample's walk may cause (``Request.share``), or None.
         self.share: int | None = None
         self._held: int | None = None  # the whole call budget, while the first sample is due
@@ -156,9 +157,12 @@ class BudgetPolicy:
 
     def cd_calls(self) -> float:
         """CD's estimated model calls for one sample of the request: the larger of the
-        constraint's bound in tokens and the calls to the samples that finished, on average
-        (``PrefixTree.calls_to``; those the fallback drew are CD's own). Neither depends on
-        what an earlier request left in a reused tree, so neither does the hand-over.
+        calls to write as many tokens as the constraint's bound says a text takes, and the
+        calls to the samples that finished, on average (``PrefixTree.calls_to``; those the
+        fallback drew are CD's own). The first counts a call a token until the walks'
+        paths say how many of their first tokens fast-forward gave for free
+        (:meth:`walked`). None of these depends on what an earlier request left in a reused
+        tree, so neither does the hand-over.
 
         >>> import adaptrack as at
         >>> lm = at.TableLM([b"a", b"b", b"<eos>"], lambda prefix: [1, 1, 1], eos=2)
@@ -168,7 +172,21 @@ class BudgetPolicy:
         5.0
         """
         done = self._finished
-        return float(max(self._need, sum(done) / len(done) if done else 0))
+        need = self._need if self._paths is None else self._paths
+        return float(max(1.0, need, sum(done) / len(done) if done else 0))
+
+    def reads_paths(self, used: int) -> bool:
+        """Whether the engine should tell :meth:`walked` the walks' paths, the request's
+        walks having used ``used`` prefixes: only once an early hand-over could come."""
+        return self.early is not None and used >= EARLY_FLOOR
+
+    def walked(self, nodes: list[Node]) -> None:
+        """The searching walks wait at ``nodes``: a call for each of the first tokens of
+        their paths that fast-forward did not feed, on average, is what CD's sample pays
+        for the tokens the bound says any text takes (JSON keys and separators a schema
+        forces cost tokens, but no calls)."""
+        if nodes:
+            self._paths = sum(PrefixTree.calls_within(n, self._need) for n in nodes) / len(nodes)
 
     def early_calls(self) -> int | None:
         """The prefixes a sample's search may use before the early hand-over (None: no

@@ -209,6 +209,18 @@ class PrefixTree:
             at = at.parent
         return calls
 
+    @staticmethod
+    def calls_within(node: Node, tokens: int) -> int:
+        """The model calls a walk makes to write the first ``tokens`` tokens of ``node``'s
+        path: one a prefix of fewer tokens (:meth:`calls_to`), and one for each token
+        beyond ``node`` (a path shorter than ``tokens``)."""
+        calls = max(0, tokens - 1 - node.depth)
+        at: Node | None = node
+        while at is not None:
+            calls += at.depth < tokens and not at.in_chain
+            at = at.parent
+        return calls
+
     def _keep(self, node: Node, logprobs: np.ndarray) -> Expansion:
         expansion = self.expander.expansion(node, logprobs)
         self.nodes.keep(node, expansion)
