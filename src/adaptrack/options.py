@@ -229,7 +229,8 @@ class SamplingOptions:
     early_handover: float | None = field(default=EARLY_RATIO, metadata=flag(
         "--early-handover", "limit",
         "a search that has used this many times CD's estimated model calls a sample (from "
-        "the constraint's bound and the samples that finished) hands the samples it has "
+        "the constraint's bound, less the tokens fast-forward fed, and the samples that "
+        "finished) hands the samples it has "
         "not drawn to the fallback, unless the samples it drew say the rest come within one "
         "more; 'inf' for only --search-budget (default: {default:g})", metavar="R"))
     fallback: str | None = field(default="cd", metadata=flag(
