@@ -181,11 +181,12 @@ class Engine:
             # The fallback's CD walks feed a chain whole, as cd does on its own tree.
             cd = [n for s in req._slots.values() if not s.searching for n in waited(s.waits)]
             plain, heads = req.tree.plan(nodes, eager=req.method.eager_chains, eager_for=cd)
-            if req.policy.reads_paths(sum(len(s.seen) for s in req._slots.values())):
+            used = sum(len(s.seen) for s in req._slots.values())
+            if req.policy.reads_paths(used):
                 req.policy.walked([n for s in req._slots.values() if s.searching
                                    for n in waited(s.waits)])
             if req.policy.share is None or req._whole:
-                req.policy.used(sum(len(s.seen) for s in req._slots.values()))
+                req.policy.used(used)
                 return nodes, plain, heads
             need = {id(n) for n in plain} | {id(n) for n in heads}
             over = [(i, why) for i, s in req._slots.items() if s.searching

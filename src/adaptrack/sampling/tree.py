@@ -202,12 +202,7 @@ class PrefixTree:
     def calls_to(node: Node) -> int:
         """The model calls a walk makes to expand ``node`` from the root: one a prefix on the
         path, none for those a fed chain's one call gave (``in_chain``)."""
-        calls = 0
-        at: Node | None = node
-        while at is not None:
-            calls += not at.in_chain
-            at = at.parent
-        return calls
+        return PrefixTree.calls_within(node, node.depth + 1)
 
     @staticmethod
     def calls_within(node: Node, tokens: int) -> int:

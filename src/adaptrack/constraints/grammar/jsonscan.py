@@ -146,6 +146,13 @@ def _after(sep: bytes, value: Options, layout: tuple[bytes, bytes] | None) -> Op
     return tuple((sep + v[0], *v[1:]) if v and v[0] != DIGIT else (sep, *v) for v in value)
 
 
+def _capped(options: Iterable[Pieces]) -> Options:
+    """``options`` without repeats; any JSON value's where none or more than
+    :data:`MAX_OPTIONS` are left."""
+    found = tuple(dict.fromkeys(options))
+    return found if 0 < len(found) <= MAX_OPTIONS else _ANY
+
+
 def _literal(value: Any) -> Pieces:
     """The pieces of a ``const`` or ``enum`` value: its JSON text where llguidance writes
     only that (a string of plain ASCII, ``true``, ``false``, ``null``), a digit for a
@@ -269,8 +276,7 @@ class JsonScanner:
         branches = schema.get("anyOf", schema.get("oneOf"))
         if isinstance(branches, list) and branches and \
                 not schema.keys() - _ANNOTATIONS - {"anyOf", "oneOf"}:
-            found = tuple(dict.fromkeys(o for b in branches for o in self._minimal(b, depth + 1)))
-            return found if len(found) <= MAX_OPTIONS else _ANY
+            return _capped(o for b in branches for o in self._minimal(b, depth + 1))
         if _known(schema) is None:
             return _ANY
         kinds = schema.get("type")
@@ -291,8 +297,7 @@ class JsonScanner:
                 out += ((b"true",), (b"false",))
             else:
                 return _ANY
-        found = tuple(dict.fromkeys(out))
-        return found if 0 < len(found) <= MAX_OPTIONS else _ANY
+        return _capped(out)
 
     def _members(self, schema: dict[str, Any], pending: Iterable[str], comma: bool,
                  depth: int) -> Options:
