@@ -50,6 +50,7 @@ import numpy as np
 from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
+from adaptrack.sampling.policy import EARLY_RATIO
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
 FROZEN = Path(__file__).resolve().parent / "frozen_requests.json"
@@ -215,8 +216,8 @@ def crossing(lm: at.LanguageModel, prompt: str | list[int], constraint: Any,
 
 def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str, end: str,
         max_seconds: float | None, chat: Any, seed: int = 0,
-        max_nodes: int = 100_000, search_budget: float | None = at.SEARCH_BUDGET
-        ) -> dict[str, Any]:
+        max_nodes: int = 100_000, search_budget: float | None = at.SEARCH_BUDGET,
+        early_handover: float | None = EARLY_RATIO) -> dict[str, Any]:
     method, options = METHODS[label]
     prompt = chat([{"role": "user", "content": req.prompt}]) if req.chat else req.prompt
     started, cpu = time.perf_counter(), time.process_time()
@@ -227,6 +228,7 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
             res = at.generate(lm, prompt, req.constraint(whitespace), method=method, n=n, seed=seed,
                               max_new_tokens=req.max_new_tokens, max_seconds=max_seconds,
                               max_nodes=max_nodes, search_budget=search_budget, end=end,
+                              early_handover=early_handover,
                               **options)
         except at.AdaptrackError as err:
             return {"s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
@@ -280,6 +282,10 @@ def main() -> None:
     parser.add_argument("--search-budget", type=float, default=at.SEARCH_BUDGET,
                         help="a search's model calls as a multiple of n x max_new_tokens "
                              f"(0: none; default: the library's, {at.SEARCH_BUDGET:g})")
+    parser.add_argument("--early-handover", type=float, default=EARLY_RATIO,
+                        help="a search's early hand-over as a multiple of CD's estimated "
+                             f"cost (0: none, only the budget; default: the library's, "
+                             f"{EARLY_RATIO:g})")
     parser.add_argument("--only", default=None, help="requests whose name contains this")
     parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
                         help="requests of this kind only")
@@ -311,7 +317,8 @@ def main() -> None:
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
           f"end: {args.end}; max_seconds: {args.max_seconds:g}; max_nodes: {args.max_nodes}; "
-          f"search_budget: {args.search_budget:g}; set: {args.set}; "
+          f"search_budget: {args.search_budget:g}; early_handover: {args.early_handover:g}; "
+          f"set: {args.set}; "
           f"seeds: {args.seeds}\n")
     # One-off costs (the canonical tokenizer of fast-forward, llguidance's view of the
     # vocabulary) are paid here, not by the first request's cd.
@@ -337,7 +344,8 @@ def main() -> None:
                         else req.prompt, None, method="unconstrained", max_new_tokens=1)
             got = {m: pooled([run(lm, req, n, m, args.json_whitespace, args.end,
                                       args.max_seconds or None, chat, seed, args.max_nodes,
-                                      args.search_budget or None)
+                                      args.search_budget or None,
+                                      args.early_handover or None)
                               for seed in seeds])
                    for m in labels}
             base = got["cd"]["cpu"]
