@@ -50,6 +50,7 @@ import numpy as np
 from machine import cpu_name, load  # benchmarks/machine.py (the script's directory)
 
 import adaptrack as at
+from adaptrack.lm.cost import width_for
 from adaptrack.sampling.policy import EARLY_RATIO
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
@@ -238,7 +239,11 @@ def run(lm: at.LanguageModel, req: Request, n: int, label: str, whitespace: str,
            "passes": getattr(lm, "forward_calls", 0) - passes,
            "calls": res.stats["lm_calls"],
            "complete": sum(s.complete for s in res.samples),
-           "fallback": res.stats["fallback_samples"], "texts": res.texts}
+           "fallback": res.stats["fallback_samples"], "texts": res.texts,
+           # Samples that used every token allowed: the fallback's and the search's apart.
+           "long": [sum(len(s.tokens) >= req.max_new_tokens for s in res.samples
+                        if s.fallback == fell) for fell in (False, True)],
+           "tokens": sum(len(s.tokens) for s in res.samples)}
     if label == "cd" and end == "leave":
         c = req.constraint(whitespace)
         out["crossing"] = [crossing(lm, prompt, c, s.tokens) for s in res.samples if s.complete]
@@ -252,8 +257,9 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         return {**out, "error": errors[0]}
-    for k in ("calls", "complete", "fallback"):
+    for k in ("calls", "complete", "fallback", "tokens"):
         out[k] = sum(r[k] for r in runs)
+    out["long"] = [sum(r["long"][i] for r in runs) for i in (0, 1)]
     out["texts"] = [t for r in runs for t in r["texts"]]
     out["runs"] = runs
     out["crossing"] = [x for r in runs for x in r.get("crossing", [])]
@@ -336,6 +342,8 @@ def main() -> None:
     fell: dict[str, list[int]] = {m: [0, 0] for m in labels}  # by the fallback, drawn
     crossed: list[tuple[str, float]] = []
     short: dict[str, int] = {m: 0 for m in labels}
+    # Samples at max_new_tokens (the search's, the fallback's) and tokens, of all samples.
+    long: dict[str, list[int]] = {m: [0, 0, 0, 0] for m in labels}
     for n in ns:  # every request at the first n before the next n: a cut run has one n whole
         for req in reqs:
             # The prompt's KV state is kept by the backend: prefilled here, untimed, so that
@@ -363,6 +371,10 @@ def main() -> None:
                     short[m] += n * len(seeds)
                     continue
                 short[m] += n * len(seeds) - r["complete"] if m != "unconstrained" else 0
+                long[m][0] += r["long"][0]
+                long[m][1] += r["long"][1]
+                long[m][2] += r["tokens"]
+                long[m][3] += n * len(seeds)
                 fell[m][0] += r["fallback"]
                 fell[m][1] += n * len(seeds)
                 cells.append(f"{ratio:.2f}, {wall:.2f}, {fwd:.2f}; {r['calls']}, "
@@ -391,6 +403,13 @@ def main() -> None:
     print("|---|--:|")
     for m in labels:
         print(f"| {m} | {short[m]} |")
+    print("\nSamples that used every token `max_new_tokens` allows, by whoever drew them, "
+          "and the tokens of a sample on average:\n")
+    print("| method | at the limit: its own | the fallback's | tokens a sample |")
+    print("|---|--:|--:|--:|")
+    for m in labels:
+        searched, fallen, tokens, count = long[m]
+        print(f"| {m} | {searched} | {fallen} | {tokens / max(count, 1):.1f} |")
     if crossed:
         print("\nMass the whole-token `leave` drops at the end of cd's samples (tokens that "
               "cross the end, over those plus the tokens that leave):\n")
@@ -399,6 +418,11 @@ def main() -> None:
         for name in dict.fromkeys(n for n, _ in crossed):
             xs = [x for n, x in crossed if n == name]
             print(f"| {name} | {len(xs)} | {statistics.mean(xs):.3f} | {max(xs):.3f} |")
+    if lm.row_cost is not None:
+        # exact's width comes from this run's timing of a row (lm/cost.py): its model calls,
+        # and where it hands over, move with it between runs; cd's and adaptrack's do not.
+        print(f"\nrow cost measured: {lm.row_cost:.3f} (exact's width "
+              f"{width_for(lm.row_cost)})")
     print(f"\nload average at end: {load()}")
 
 
