@@ -292,6 +292,10 @@ def main() -> None:
                         help="a search's early hand-over as a multiple of CD's estimated "
                              f"cost (0: none, only the budget; default: the library's, "
                              f"{EARLY_RATIO:g})")
+    parser.add_argument("--row-cost", type=float, default=None, metavar="C",
+                        help="the model's cost of a row (lm/cost.py) instead of timing it: "
+                             "exact's width, and so its calls, the same in every run "
+                             "(default: timed, printed at the end)")
     parser.add_argument("--only", default=None, help="requests whose name contains this")
     parser.add_argument("--kind", choices=("json", "regex", "choice", "lark"),
                         help="requests of this kind only")
@@ -312,6 +316,8 @@ def main() -> None:
     ns = [1] if args.quick else [int(x) for x in args.n.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     lm = at.load_model()
+    if args.row_cost is not None:
+        lm.row_cost = args.row_cost  # declared: nothing is timed
     from adaptrack.serve.preprocess import hf_chat_template
 
     chat = hf_chat_template(lm)
@@ -421,8 +427,9 @@ def main() -> None:
     if lm.row_cost is not None:
         # exact's width comes from this run's timing of a row (lm/cost.py): its model calls,
         # and where it hands over, move with it between runs; cd's and adaptrack's do not.
-        print(f"\nrow cost measured: {lm.row_cost:.3f} (exact's width "
-              f"{width_for(lm.row_cost)})")
+        how = "given" if args.row_cost is not None else "measured"
+        print(f"\nrow cost {how}: {lm.row_cost:.3f} (exact's width "
+              f"{width_for(lm.row_cost)}; --row-cost repeats it)")
     print(f"\nload average at end: {load()}")
 
 
