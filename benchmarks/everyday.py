@@ -348,8 +348,8 @@ def main() -> None:
     fell: dict[str, list[int]] = {m: [0, 0] for m in labels}  # by the fallback, drawn
     crossed: list[tuple[str, float]] = []
     short: dict[str, int] = {m: 0 for m in labels}
-    # Samples at max_new_tokens (the search's, the fallback's) and tokens, of all samples.
-    long: dict[str, list[int]] = {m: [0, 0, 0, 0] for m in labels}
+    # Samples at max_new_tokens (the method's own, the fallback's) and tokens of all samples.
+    long: dict[str, list[int]] = {m: [0, 0, 0] for m in labels}
     for n in ns:  # every request at the first n before the next n: a cut run has one n whole
         for req in reqs:
             # The prompt's KV state is kept by the backend: prefilled here, untimed, so that
@@ -380,7 +380,6 @@ def main() -> None:
                 long[m][0] += r["long"][0]
                 long[m][1] += r["long"][1]
                 long[m][2] += r["tokens"]
-                long[m][3] += n * len(seeds)
                 fell[m][0] += r["fallback"]
                 fell[m][1] += n * len(seeds)
                 cells.append(f"{ratio:.2f}, {wall:.2f}, {fwd:.2f}; {r['calls']}, "
@@ -414,8 +413,8 @@ def main() -> None:
     print("| method | at the limit: its own | the fallback's | tokens a sample |")
     print("|---|--:|--:|--:|")
     for m in labels:
-        searched, fallen, tokens, count = long[m]
-        print(f"| {m} | {searched} | {fallen} | {tokens / max(count, 1):.1f} |")
+        searched, fallen, tokens = long[m]
+        print(f"| {m} | {searched} | {fallen} | {tokens / max(fell[m][1], 1):.1f} |")
     if crossed:
         print("\nMass the whole-token `leave` drops at the end of cd's samples (tokens that "
               "cross the end, over those plus the tokens that leave):\n")
@@ -425,8 +424,8 @@ def main() -> None:
             xs = [x for n, x in crossed if n == name]
             print(f"| {name} | {len(xs)} | {statistics.mean(xs):.3f} | {max(xs):.3f} |")
     if lm.row_cost is not None:
-        # exact's width comes from this run's timing of a row (lm/cost.py): its model calls,
-        # and where it hands over, move with it between runs; cd's and adaptrack's do not.
+        # exact's width comes from the row cost (lm/cost.py): timed, it moves between runs,
+        # and with it exact's model calls and where it hands over; cd's and adaptrack's do not.
         how = "given" if args.row_cost is not None else "measured"
         print(f"\nrow cost {how}: {lm.row_cost:.3f} (exact's width "
               f"{width_for(lm.row_cost)}; --row-cost repeats it)")
