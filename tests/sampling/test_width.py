@@ -108,3 +108,27 @@ def test_width_is_checked() -> None:
             at.generate(lm, [], constraint, method="exact", width=bad)
     with pytest.raises(ValueError, match="width applies to method='exact' only"):
         at.generate(lm, [], constraint, method="adaptrack", share_q=True, width=4)
+
+
+def test_an_unbounded_search_fills_its_passes_and_a_bounded_one_does_not(monkeypatch) -> None:
+    """Where only the search ends the request, an attempt followed ahead that ended gives its
+    place in the pass to a later one (``exact.WINDOW``): the same samples in fewer passes
+    (no_ab at width 16, n = 200: 11 against 14). Under the default budget the window is as
+    before, so a search that hands over wastes no rows on attempts after the hand-over."""
+    from adaptrack.sampling import exact
+
+    lm, constraint, max_new = no_ab()
+
+    def run(**budget: object) -> at.GenerationResult:
+        return at.generate(lm, [], constraint, method="exact", n=200, seed=7, width=16,
+                           max_new_tokens=max_new, **budget)
+
+    wide, bounded = run(search_budget=None), run()
+    monkeypatch.setattr(exact, "WINDOW", 1)
+    narrow, bounded_narrow = run(search_budget=None), run()
+    assert wide.samples == narrow.samples
+    assert wide.stats["forward_passes"] < narrow.stats["forward_passes"]
+    assert wide.stats["lm_calls"] <= narrow.stats["lm_calls"] * 1.1
+    assert bounded.samples == bounded_narrow.samples
+    assert [bounded.stats[k] for k in ("forward_passes", "lm_calls")] == \
+        [bounded_narrow.stats[k] for k in ("forward_passes", "lm_calls")]

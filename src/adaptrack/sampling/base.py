@@ -75,6 +75,9 @@ class Method:
     asked_width: int | None = None
     #: How many samples its request asks for (set by ``Engine.submit``).
     samples = 1
+    #: Whether only the search itself ends its request: no call budget and no early
+    #: hand-over (set by ``Engine.submit``; ``max_nodes`` and ``max_seconds`` still stop it).
+    unbounded = False
     #: Walks from the root one sample may take (CD as a fallback tries past dead ends).
     tries = 1
     eager_chains = True

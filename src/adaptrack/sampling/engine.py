@@ -129,6 +129,7 @@ class Engine:
         says when the fallback finishes them (:class:`Request`)."""
         policy = BudgetPolicy() if policy is None else policy
         method.width, method.samples = max(1, width), n
+        method.unbounded = policy.max_calls is None and policy.early is None
         policy.start(method)
         req = Request(method.tree, method, n, seed, on_done, 1 if method.serial else method.width,
                       policy=policy, fallback_width=max(1, fallback_width))
