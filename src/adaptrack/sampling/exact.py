@@ -332,25 +332,7 @@ class Exact(Method):
                 missing = self.samples - self._returned
                 span = min(self.lookahead or self.width, self.width,
                            max(missing, 1 << min(self.restarts, 30)))
-                # ``span`` counts the attempts still under way: one that ended ahead of
-                # the running one waits for its turn in the window without a row, and a
-                # long running attempt would leave the pass narrow until it ends.
-                asks, running = {id(wait): wait}, 1
-                for course in window[1:]:
-                    ahead = self._follow(course, stale)
-                    if ahead is not None:
-                        asks.setdefault(id(ahead), ahead)
-                        running += 1
-                window_max = (WINDOW if self.unbounded else 1) * span
-                while running < span and len(window) < window_max:
-                    course = Course(root, int(seeds.integers(0, 2**63)))
-                    window.append(course)
-                    ahead = self._follow(course, stale)
-                    if ahead is not None:
-                        asks.setdefault(id(ahead), ahead)
-                        running += 1
-                stale.clear()
-                asked = tuple(asks.values())
+                asked = self._asks(wait, span, seeds)
                 yield asked[0] if len(asked) == 1 else asked
                 continue
             path = attempt.path
@@ -376,6 +358,24 @@ class Exact(Method):
                 self._returned += 1
                 return end
             self.restarts += 1
+
+    def _asks(self, wait: Node, span: int, seeds: np.random.Generator) -> tuple[Node, ...]:
+        """What the running attempt's pass asks: its ``wait``, and where each attempt followed
+        ahead waits, ``span`` of them still under way at most (an unbounded search's window
+        starts later ones in place of those that ended, up to :data:`WINDOW` x ``span``)."""
+        window, asks, running = self._window, {id(wait): wait}, 1
+        limit = (WINDOW if self.unbounded else 1) * span
+        i = 1
+        while i < len(window) or (running < span and len(window) < limit):
+            if i == len(window):
+                window.append(Course(self.tree.root, int(seeds.integers(0, 2**63))))
+            ahead = self._follow(window[i], self._stale)
+            if ahead is not None:
+                asks.setdefault(id(ahead), ahead)
+                running += 1
+            i += 1
+        self._stale.clear()
+        return tuple(asks.values())
 
     def _follow(self, course: Course, changed: set[int]) -> Node | None:
         """Bring ``course`` up to date with Q: where a prefix it stepped from is in
@@ -439,10 +439,8 @@ class Exact(Method):
 #: benchmarks/rounds.py); ``useful`` and ``ahead`` (the default), the module docstring's.
 SCHEDULES = ("fixed", "useful", "ahead")
 
-#: The attempts the ``ahead`` window of an unbounded search holds at most, as a multiple
-#: of its span: those that ended wait there for their turn, the running ones fill the pass.
-#: (4 took a few per cent fewer passes than 2 on two tuned MaskBench requests, for twice
-#: the extra rows.)
+#: An unbounded search's ``ahead`` window holds at most this many times its span (4: a few
+#: per cent fewer passes than 2 on two tuned MaskBench requests, for twice the extra rows).
 WINDOW = 2
 
 #: What :meth:`Exact._step` yields for a prefix whose expansion is not known yet.
