@@ -241,8 +241,8 @@ def test_a_client_that_leaves_has_its_walks_cancelled_on_its_replica(url):
     for stream in (False, True):
         before = total("cancelled_total", raw(url, "GET", "/metrics")[2].decode())
         sock = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        body = json.dumps({"prompt": "bye", "max_tokens": 250, "stream": stream,
-                           "guided_regex": "[a-z]{240}", "decoding_method": "cd"})
+        body = json.dumps({"prompt": "bye", "max_tokens": 2000, "stream": stream,
+                           "guided_regex": "[a-z]{1990}", "decoding_method": "cd"})
         sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                      f"{body}".encode())
@@ -250,7 +250,7 @@ def test_a_client_that_leaves_has_its_walks_cancelled_on_its_replica(url):
         while total("requests_running", raw(url, "GET", "/metrics")[2].decode()) == 0:
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.01)
-        sock.close()  # 240 tokens at 5 ms a call: over a second left to run
+        sock.close()  # 1 990 tokens at 5 ms a call: ten seconds left, however slow /metrics is
         deadline = time.monotonic() + 20
         while total("cancelled_total", text := raw(url, "GET", "/metrics")[2].decode()) == before:
             assert time.monotonic() < deadline, f"not cancelled (stream: {stream}):\n{text}"
