@@ -19,7 +19,7 @@ for the run):
 - ``aheadW`` (W = 1, 2, 4, 8, 16, 32): the ``ahead`` schedule, one attempt at a time like
   ``one`` (each on its own stream), the model calls of the next W - 1 attempts fetched in
   the same passes (``width=W``; ``ahead1`` is ``one`` on per-attempt streams; the default
-  is the width the model's cost model gives, docs/benchmarks/width.md).
+  is ``ahead``: the width the model's cost model gives, docs/benchmarks/width.md).
 
 Workloads: the binary DSL problem (``binary.jsonl``'s first, the paper's binary study),
 one or more SLIA problems (``--slia``, short prompts first), both as the DSL study runs them
@@ -59,6 +59,7 @@ from machine import cpu_name, load  # benchmarks/machine.py (the script's direct
 import adaptrack as at
 from adaptrack.eval.dsl import problems, prompt_ids
 from adaptrack.eval.modeltask import paper_options
+from adaptrack.lm.cost import width_for
 from adaptrack.sampling.exact import Exact
 
 DSL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsl"
@@ -72,6 +73,7 @@ VARIANTS = {  # label: (schedule, open_root, several, (growth, floor), parallel,
     "useful-f4": ("useful", True, True, (2.0, 0.25), None, 8),
     "one": ("useful", True, True, (2.0, 0.5), False, 8),
     **{f"ahead{w}": ("ahead", True, True, (2.0, 0.5), None, w) for w in (1, 2, 4, 8, 16, 32)},
+    "ahead": ("ahead", True, True, (2.0, 0.5), None, None),  # the default: the cost model's width
 }
 
 
@@ -104,7 +106,7 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: at.SamplingOpti
         try:
             schedule, *_, parallel, lookahead = VARIANTS[label]
             # ``ahead`` follows its width: the lookahead's, not the model's cost model's.
-            width = {"width": lookahead} if schedule == "ahead" else {}
+            width = {"width": lookahead} if schedule == "ahead" and lookahead else {}
             res = at.generate(lm, prompt, constraint, options=replace(
                 options, method="exact", n=n, seed=seed, search_budget=None,
                 **({} if parallel is None else {"parallel": parallel}), **width))
@@ -114,7 +116,7 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: at.SamplingOpti
     return {"attempts": 1 + res.stats["restarts"] / n, "calls": res.stats["lm_calls"],
             "passes": getattr(lm, "forward_calls", 0) - passes,
             "s": time.perf_counter() - started, "cpu": time.process_time() - cpu,
-            "fallback": res.stats["fallback_samples"]}
+            "fallback": res.stats["fallback_samples"], "width": res.stats["width"]}
 
 
 def measure(lm: Any, name: str, prompt: Any, constraint: Any, n: int,
@@ -184,9 +186,10 @@ def main() -> None:
                              "requests at n = 5, one run each")
     parser.add_argument("--workloads", default="binary,slia,everyday")
     parser.add_argument("--variants", default=",".join(
-                            m for m in VARIANTS if not m.startswith("ahead") or m == "ahead32"),
+                            m for m in VARIANTS
+                            if not m.startswith("ahead") or m in ("ahead", "ahead32")),
                         help="labels of VARIANTS; the first is the base of the ratios "
-                             "(default: all but the ahead variants other than ahead32)")
+                             "(default: all but the aheadW variants other than ahead32)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--binary-n", type=int, default=500)
     parser.add_argument("--slia-n", type=int, default=10)
@@ -204,8 +207,12 @@ def main() -> None:
         args.binary_n, args.slia_n, args.slia, args.repeat = 100, 4, 1, 1
         args.everyday_n = "5"
     lm = at.load_model()
+    # The cost model times its passes once per model (about a second): here, not in a run.
+    log(f"# row cost {lm.measured_row_cost():.3f}: default width "
+        f"{width_for(lm.measured_row_cost())}")
     print(f"# exact's rounds, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
-          f"load average at start: {load()}; {args.repeat} runs per variant, alternating\n")
+          f"load average at start: {load()}; seeds per variant, alternating: "
+          f"{args.repeat} (binary, SLIA), {args.everyday_repeat or args.repeat} (everyday)\n")
     head = " | ".join(f"{m}: attempts/sample, calls, passes, CPU s (× {labels[0]}), "
                       f"wall s (× {labels[0]})" for m in labels)
     print(f"| workload | n | {head} |")
