@@ -105,7 +105,7 @@ def once(lm: Any, prompt: Any, constraint: Any, n: int, options: at.SamplingOpti
         warnings.simplefilter("ignore")
         try:
             schedule, *_, parallel, lookahead = VARIANTS[label]
-            # ``ahead`` follows its width: the lookahead's, not the model's cost model's.
+            # ``aheadW`` runs at width W; ``ahead`` at the cost model's, as a request does.
             width = {"width": lookahead} if schedule == "ahead" and lookahead else {}
             res = at.generate(lm, prompt, constraint, options=replace(
                 options, method="exact", n=n, seed=seed, search_budget=None,
@@ -208,8 +208,8 @@ def main() -> None:
         args.everyday_n = "5"
     lm = at.load_model()
     # The cost model times its passes once per model (about a second): here, not in a run.
-    log(f"# row cost {lm.measured_row_cost():.3f}: default width "
-        f"{width_for(lm.measured_row_cost())}")
+    row_cost = lm.measured_row_cost()
+    log(f"# row cost {row_cost:.3f}: default width {width_for(row_cost)}")
     print(f"# exact's rounds, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; seeds per variant, alternating: "
           f"{args.repeat} (binary, SLIA), {args.everyday_repeat or args.repeat} (everyday)\n")
