@@ -25,11 +25,12 @@ Each row also gives the wall time and the forward passes (``lm.forward_calls``) 
 ``cd``'s, and the summary each method's share of samples drawn by the fallback.
 
 A third, ``--set holdout`` (``benchmarks/holdout_requests.json``), holds 20 short hand-written
-requests where cd answers in a few calls a sample, written before the change to the early
-hand-over's floor that it measures, and likewise never edited.
+requests where cd answers in a few calls a sample, where a search's fixed costs weigh most
+(``--early-floor``: the early hand-over's floor), written before they were first run and
+likewise never edited.
 
 Run:  python benchmarks/everyday.py [--set tuned|frozen|holdout] [--quick] [--n 1,5] [--seeds 0]
-      [--methods cd,exact]
+      [--methods cd,exact] [--early-floor 48]
       [--only TEXT] [--json-whitespace default|flexible] [--end leave|eos] [--max-seconds 120]
       [--max-nodes 100000]
       [--kind json|regex|choice|lark] [--maskbench with|without|only] [--maskbench-tokens N]
@@ -55,7 +56,8 @@ from machine import cpu_name, load  # benchmarks/machine.py (the script's direct
 
 import adaptrack as at
 from adaptrack.lm.cost import width_for
-from adaptrack.sampling.policy import EARLY_RATIO
+from adaptrack.sampling import policy
+from adaptrack.sampling.policy import EARLY_FLOOR, EARLY_RATIO
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
 FROZEN = Path(__file__).resolve().parent / "frozen_requests.json"
@@ -299,6 +301,10 @@ def main() -> None:
                         help="a search's early hand-over as a multiple of CD's estimated "
                              f"cost (0: none, only the budget; default: the library's, "
                              f"{EARLY_RATIO:g})")
+    parser.add_argument("--early-floor", type=int, default=EARLY_FLOOR, metavar="K",
+                        help="the prefixes a sample's search may always use before the early "
+                             f"hand-over (default: the library's, {EARLY_FLOOR}); a "
+                             "benchmark's knob, not an option of the library")
     parser.add_argument("--row-cost", type=float, default=None, metavar="C",
                         help="the model's cost of a row (lm/cost.py) instead of timing it: "
                              "exact's width, and so its calls, the same in every run "
@@ -322,6 +328,7 @@ def main() -> None:
         labels.insert(0, "cd")
     ns = [1] if args.quick else [int(x) for x in args.n.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
+    policy.EARLY_FLOOR = args.early_floor  # read by BudgetPolicy at each check
     lm = at.load_model()
     if args.row_cost is not None:
         lm.row_cost = args.row_cost  # declared: nothing is timed
@@ -337,7 +344,8 @@ def main() -> None:
     print(f"# everyday requests, {datetime.date.today()}; default model, CPU: {cpu_name()}; "
           f"load average at start: {load()}; JSON whitespace: {args.json_whitespace}; "
           f"end: {args.end}; max_seconds: {args.max_seconds:g}; max_nodes: {args.max_nodes}; "
-          f"search_budget: {args.search_budget:g}; early_handover: {args.early_handover:g}; "
+          f"search_budget: {args.search_budget:g}; early_handover: {args.early_handover:g} "
+          f"(floor {args.early_floor}); "
           f"set: {args.set}; "
           f"seeds: {args.seeds}\n")
     # One-off costs (the canonical tokenizer of fast-forward, llguidance's view of the
