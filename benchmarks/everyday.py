@@ -409,7 +409,7 @@ def main() -> None:
                         print(f"    {m}, seed {seed}: CPU {r['cpu']:.1f} s, {r.get('calls')} "
                               f"calls, {r.get('fallback')} by the fallback: {r.get('texts')}",
                               file=sys.stderr)
-    # The search issue's bound: no request over about 3x cd's wall time before it answers.
+    # The early hand-over's aim (docs/design.md §6): about 3x cd at most before it answers.
     print("\n| method | n | requests | median × cd | worst × cd | wall: median | worst "
           "| over 3× cd's wall | passes: median | worst | by the fallback |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
