@@ -62,6 +62,7 @@ from adaptrack.sampling.policy import EARLY_FLOOR, EARLY_RATIO
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev.jsonl.gz"
 FROZEN = Path(__file__).resolve().parent / "frozen_requests.json"
 HOLDOUT = Path(__file__).resolve().parent / "holdout_requests.json"
+SETS = {"frozen": FROZEN, "holdout": HOLDOUT}  # --set: the request sets nobody tuned on
 METHODS = {  # label: (method, options)
     "unconstrained": ("unconstrained", {}),
     "cd": ("cd", {}),
@@ -276,7 +277,7 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", choices=("tuned", "frozen", "holdout"), default="tuned",
+    parser.add_argument("--set", choices=("tuned", *SETS), default="tuned",
                         help="the requests the defaults were tuned on, or a set nobody tuned "
                              "on: frozen (benchmarks/frozen_requests.json) or holdout "
                              "(benchmarks/holdout_requests.json)")
@@ -335,8 +336,7 @@ def main() -> None:
     from adaptrack.serve.preprocess import hf_chat_template
 
     chat = hf_chat_template(lm)
-    sets = {"frozen": FROZEN, "holdout": HOLDOUT}
-    pool = (frozen_requests(sets[args.set]) if args.set in sets
+    pool = (frozen_requests(SETS[args.set]) if args.set in SETS
             else requests(args.quick, args.maskbench_tokens))
     reqs = [r for r in pool
             if (args.only is None or args.only in r.name) and args.kind in (None, r.kind)
